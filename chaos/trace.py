@@ -1,0 +1,133 @@
+"""The drill trace: one schema, written by chaos/ and read by spark/.
+
+A trace is a directory of JSON-lines files (``*.jsonl``), one file per writing
+process, one JSON object per event. Every event carries every field below;
+fields that do not apply are ``null``. Timestamps are nanoseconds since the Unix
+epoch from ``time.time_ns()``: one clock for every process on the machine.
+
+``spark/schema.py`` builds the Spark ``StructType`` from ``FIELDS`` so the
+writer and the readers cannot drift apart.
+
+Client events (``source == "client"``):
+  send     a record handed to the client (key, seq)
+  ack      the broker acknowledged it (partition, offset)
+  error    the client reported an error (detail)
+  consume  a consumer delivered a record (key, seq, partition, offset, group)
+
+Fleet events (``source == "fleet"``):
+  fault                 the harness injected a fault (fault, node)
+  node_down             the fleet detected a node as down (node, epoch)
+  assignment_committed  an assignment was committed (epoch, detail = JSON map)
+  node_back             a node is serving again (node)
+  drill_start / drill_end   bracket one repetition (fault)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+# (name, type) with type one of: "string", "long", "int". Order is the column
+# order of the Spark schema.
+FIELDS: tuple[tuple[str, str], ...] = (
+    ("ts_ns", "long"),
+    ("run_id", "string"),
+    ("source", "string"),
+    ("event", "string"),
+    ("client_id", "string"),
+    ("family", "string"),
+    ("topic", "string"),
+    ("partition", "int"),
+    ("offset", "long"),
+    ("key", "string"),
+    ("seq", "long"),
+    ("group", "string"),
+    ("fault", "string"),
+    ("node", "string"),
+    ("epoch", "long"),
+    ("detail", "string"),
+)
+FIELD_NAMES = tuple(name for name, _ in FIELDS)
+
+CLIENT_EVENTS = frozenset({"send", "ack", "error", "consume"})
+FLEET_EVENTS = frozenset(
+    {"fault", "node_down", "assignment_committed", "node_back", "drill_start", "drill_end"}
+)
+CLIENT_FAMILIES = frozenset({"aiokafka", "confluent", "kafka-python", "java"})
+
+
+class TraceError(ValueError):
+    """An event that does not fit the schema."""
+
+
+def make_event(source: str, event: str, *, ts_ns: int | None = None, run_id: str, **fields: Any) -> dict[str, Any]:
+    """Build one event dict with every schema field present, validated."""
+    if source == "client":
+        if event not in CLIENT_EVENTS:
+            raise TraceError(f"unknown client event {event!r}")
+    elif source == "fleet":
+        if event not in FLEET_EVENTS:
+            raise TraceError(f"unknown fleet event {event!r}")
+    else:
+        raise TraceError(f"unknown source {source!r}")
+    unknown = set(fields) - set(FIELD_NAMES)
+    if unknown:
+        raise TraceError(f"unknown trace fields {sorted(unknown)}")
+    record: dict[str, Any] = {name: None for name in FIELD_NAMES}
+    record.update(fields)
+    record["ts_ns"] = time.time_ns() if ts_ns is None else int(ts_ns)
+    record["run_id"] = run_id
+    record["source"] = source
+    record["event"] = event
+    for name, kind in FIELDS:
+        value = record[name]
+        if value is None:
+            continue
+        if kind in ("long", "int") and (isinstance(value, bool) or not isinstance(value, int)):
+            raise TraceError(f"field {name!r} must be an integer, got {value!r}")
+        if kind == "string" and not isinstance(value, str):
+            raise TraceError(f"field {name!r} must be a string, got {value!r}")
+    return record
+
+
+class TraceWriter:
+    """Appends events to ``<trace_dir>/<name>.jsonl``; thread-safe, line-buffered.
+
+    Integers are written as JSON integers (never floats), so Spark's FAILFAST
+    reader keeps them.
+    """
+
+    def __init__(self, trace_dir: str | os.PathLike[str], name: str, run_id: str) -> None:
+        self.run_id = run_id
+        self.path = Path(trace_dir) / f"{name}.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._fh: IO[str] = open(self.path, "a", buffering=1, encoding="utf-8")
+
+    def emit(self, source: str, event: str, **fields: Any) -> dict[str, Any]:
+        record = make_event(source, event, run_id=self.run_id, **fields)
+        line = json.dumps(record, separators=(",", ":"))
+        with self._lock:
+            self._fh.write(line + "\n")
+        return record
+
+    def client(self, event: str, **fields: Any) -> dict[str, Any]:
+        return self.emit("client", event, **fields)
+
+    def fleet(self, event: str, **fields: Any) -> dict[str, Any]:
+        return self.emit("fleet", event, **fields)
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._fh.closed:
+                self._fh.close()
+
+    def __enter__(self) -> "TraceWriter":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

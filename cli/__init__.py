@@ -1,0 +1,1 @@
+"""kproxy cli package."""

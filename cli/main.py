@@ -1,0 +1,45 @@
+"""The `kproxy` console command: one click group, subcommands registered lazily.
+
+Each subcommand lives in its own module under ``cli/`` and holds no logic that
+belongs to ``proxy/``, ``membership/``, ``chaos/`` or ``spark/``: it parses,
+calls, prints. Exit codes everywhere: 0 success, 1 unhealthy result, 2 bad
+usage or config.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+# name -> "module:attribute". Imported only when the subcommand runs, so that
+# `kproxy --help` does not pay for pyspark or uvloop.
+SUBCOMMANDS: dict[str, str] = {
+    "kafka": "cli.kafka_cmd:kafka",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(SUBCOMMANDS))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        target = SUBCOMMANDS.get(cmd_name)
+        if target is None:
+            return super().get_command(ctx, cmd_name)
+        module_name, attr = target.split(":")
+        return getattr(importlib.import_module(module_name), attr)
+
+
+@click.group(cls=LazyGroup)
+@click.version_option(package_name="kproxy")
+def cli() -> None:
+    """kproxy: a highly available proxy fleet for Apache Kafka."""
+
+
+def main() -> None:
+    cli()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""kproxy membership package."""

@@ -1,0 +1,87 @@
+"""`kproxy kafka up|down|kill|restart`: the local Apache Kafka test bed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+
+import click
+
+from chaos.kafka_cluster import DEFAULT_BASE_PORT, KafkaCluster, KafkaError
+
+SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "STOP": signal.SIGSTOP, "CONT": signal.SIGCONT}
+state_dir_option = click.option(
+    "--state-dir", required=True, type=click.Path(file_okay=False), help="Directory holding the cluster's state."
+)
+
+
+def _fail(exc: Exception, code: int = 1) -> None:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(code)
+
+
+@click.group()
+def kafka() -> None:
+    """Local Apache Kafka (real KRaft brokers from the Maven Central jars)."""
+
+
+@kafka.command()
+@click.option("--brokers", type=click.IntRange(1, 9), default=3, show_default=True)
+@state_dir_option
+@click.option("--base-port", type=click.IntRange(1024, 65000), default=DEFAULT_BASE_PORT, show_default=True)
+@click.option("--rack", "racks", multiple=True, help="broker.rack per broker, in id order (repeat).")
+@click.option("--timeout", type=float, default=90.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print bootstrap and brokers as JSON.")
+def up(brokers: int, state_dir: str, base_port: int, racks: tuple[str, ...], timeout: float, as_json: bool) -> None:
+    """Start BROKERS local brokers and wait until they are all registered."""
+    if racks and len(racks) != brokers:
+        raise click.BadParameter(f"{len(racks)} racks for {brokers} brokers", param_hint="--rack")
+    try:
+        cluster = KafkaCluster(state_dir, brokers, base_port=base_port, racks=list(racks) or None)
+        cluster.start(timeout=timeout)
+    except KafkaError as exc:
+        _fail(exc)
+    info = cluster.describe()
+    if as_json:
+        click.echo(json.dumps(info))
+    else:
+        click.echo(",".join(info["bootstrap"]))
+
+
+@kafka.command()
+@state_dir_option
+def down(state_dir: str) -> None:
+    """Stop every broker that `up` started in STATE_DIR."""
+    try:
+        cluster = KafkaCluster.load(state_dir)
+        stopped = sorted(cluster.pids)
+        cluster.stop()
+    except KafkaError as exc:
+        _fail(exc)
+    click.echo(f"stopped brokers {stopped}")
+
+
+@kafka.command()
+@click.argument("broker_id", type=int)
+@state_dir_option
+@click.option("--signal", "sig", type=click.Choice(sorted(SIGNALS)), default="KILL", show_default=True)
+def kill(broker_id: int, state_dir: str, sig: str) -> None:
+    """Send a signal to one broker (default SIGKILL)."""
+    try:
+        KafkaCluster.load(state_dir).kill(broker_id, SIGNALS[sig])
+    except KafkaError as exc:
+        _fail(exc)
+    click.echo(f"sent SIG{sig} to broker {broker_id}")
+
+
+@kafka.command()
+@click.argument("broker_id", type=int)
+@state_dir_option
+def restart(broker_id: int, state_dir: str) -> None:
+    """Start a killed broker again and wait until it is registered."""
+    try:
+        KafkaCluster.load(state_dir).restart(broker_id)
+    except KafkaError as exc:
+        _fail(exc)
+    click.echo(f"broker {broker_id} restarted")

@@ -1,0 +1,48 @@
+"""Shared fixtures: one real 3-broker Kafka cluster per test session."""
+
+from __future__ import annotations
+
+import os
+import random
+import uuid
+
+import pytest
+
+from hypothesis import HealthCheck, settings
+
+# Hypothesis: a fast derandomized profile for CI, a thorough one for long runs
+# (HYPOTHESIS_PROFILE=thorough).
+settings.register_profile("ci", max_examples=100, derandomize=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", max_examples=5000, deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def _free_base_port(brokers: int) -> int:
+    from chaos.kafka_cluster import port_free
+
+    rng = random.Random(os.getpid())
+    for _ in range(200):
+        base = rng.randrange(20000, 39000)
+        if all(port_free("127.0.0.1", base + off + i) for off in (0, 100) for i in range(brokers)):
+            return base
+    raise RuntimeError("no free port range found for the test Kafka cluster")
+
+
+@pytest.fixture(scope="session")
+def kafka_cluster(tmp_path_factory):
+    """A real 3-broker KRaft cluster (Apache Kafka jars from Maven Central), shared by the session."""
+    from chaos.kafka_cluster import KafkaCluster
+
+    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka"), 3, base_port=_free_base_port(3))
+    cluster.start(timeout=120)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def topic_name(request) -> str:
+    base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
+    return f"{base}-{uuid.uuid4().hex[:6]}"

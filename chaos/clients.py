@@ -88,7 +88,7 @@ def _produce_aiokafka(bs: str, topic: str, n: int, prefix: int, idempotent: bool
 def _produce_confluent(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout: float) -> list[Ack]:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bs, "acks": "all", "enable.idempotence": idempotent,
+    producer = Producer({"bootstrap.servers": bs, "acks": "all", "enable.idempotence": idempotent, "log_level": 2,
                          "message.timeout.ms": int(timeout * 1000)})
     acks: list[Ack] = []
     errors: list[str] = []
@@ -129,7 +129,9 @@ def _produce_kafka_python(bs: str, topic: str, n: int, prefix: int, idempotent: 
 def _produce_java(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout: float) -> list[Ack]:
     with tempfile.NamedTemporaryFile("w", suffix=".properties", delete=False) as cfg:
         cfg.write(f"enable.idempotence={'true' if idempotent else 'false'}\n")
-        cfg.write(f"delivery.timeout.ms={int(timeout * 1000)}\n")
+        delivery_ms = int(timeout * 1000)
+        cfg.write(f"delivery.timeout.ms={delivery_ms}\nlinger.ms=5\n")
+        cfg.write(f"request.timeout.ms={min(30000, delivery_ms // 2)}\n")
         # The VerifiableProducer sets retries=0 unless told otherwise; idempotence needs retries.
         cfg.write("retries=2147483647\nmax.in.flight.requests.per.connection=5\n")
     cmd = java_tool_cmd("org.apache.kafka.tools.VerifiableProducer", "--bootstrap-server", bs, "--topic", topic,
@@ -184,7 +186,7 @@ def _consume_aiokafka(bs: str, topic: str, group: str, n: int, timeout: float) -
 def _consume_confluent(bs: str, topic: str, group: str, n: int, timeout: float) -> list[Consumed]:
     from confluent_kafka import Consumer
 
-    consumer = Consumer({"bootstrap.servers": bs, "group.id": group, "auto.offset.reset": "earliest",
+    consumer = Consumer({"bootstrap.servers": bs, "group.id": group, "auto.offset.reset": "earliest", "log_level": 2,
                          "enable.auto.commit": False})
     consumer.subscribe([topic])
     out: list[Consumed] = []

@@ -16,6 +16,7 @@ import click
 # `kproxy --help` does not pay for pyspark or uvloop.
 SUBCOMMANDS: dict[str, str] = {
     "kafka": "cli.kafka_cmd:kafka",
+    "run": "cli.run_cmd:run",
 }
 
 

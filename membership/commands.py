@@ -1,0 +1,116 @@
+"""Commands of the replicated fleet state and the result of applying one.
+
+Commands are plain immutable data: they travel pickled through the Raft log
+and every replica applies the same sequence. Two kinds:
+
+* **Intent** (anyone may propose; unconditional, idempotent): ``Join``,
+  ``SetBrokers``, ``Drain``, ``Undrain``. They change facts only, never the
+  owners table (except that ``SetBrokers`` forgets owners of removed brokers).
+* **Leader decisions** (conditional on ``expected_epoch``, idempotent):
+  ``MarkDown``, ``MarkUp``, ``Reassign``. They carry the owners table the
+  leader computed with ``topology.assign``, so the log holds data, not a
+  recomputation that could differ between code versions. A decision based on
+  a stale epoch is rejected and the leader re-plans from the fresh state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from topology import Broker, BrokerId, ProxyId, ProxyNode, freeze_owners
+
+Owners = tuple[tuple[BrokerId, ProxyId], ...]
+
+
+def _ids(value: Iterable[str]) -> frozenset[ProxyId]:
+    if isinstance(value, str):
+        return frozenset([ProxyId(value)])
+    return frozenset(ProxyId(v) for v in value)
+
+
+def _brokers(value: Iterable[Broker]) -> tuple[Broker, ...]:
+    return tuple(sorted(value, key=lambda b: b.id))
+
+
+def _opt_owners(value) -> Owners | None:
+    return None if value is None else freeze_owners(value)
+
+
+@attrs.frozen(slots=True)
+class Join:
+    """A node announces itself and its advertised addresses. Unconditional."""
+
+    node: ProxyNode
+
+
+@attrs.frozen(slots=True)
+class SetBrokers:
+    """The upstream brokers are exactly these. Unconditional; replaces the set."""
+
+    brokers: tuple[Broker, ...] = attrs.field(converter=_brokers)
+
+
+@attrs.frozen(slots=True)
+class Drain:
+    """Exclude a member from the assignment (it stays a member). Unconditional."""
+
+    node_id: ProxyId
+
+
+@attrs.frozen(slots=True)
+class Undrain:
+    """Make a drained member eligible again. Unconditional."""
+
+    node_id: ProxyId
+
+
+@attrs.frozen(slots=True)
+class MarkDown:
+    """Leader: these members are dead; install ``owners`` in the same step."""
+
+    nodes: frozenset[ProxyId] = attrs.field(converter=_ids)
+    expected_epoch: int
+    owners: Owners = attrs.field(converter=freeze_owners)
+
+
+@attrs.frozen(slots=True)
+class MarkUp:
+    """Leader: these members are alive again. ``owners`` None keeps the table
+    (the node gets identities later by a ``Reassign``)."""
+
+    nodes: frozenset[ProxyId] = attrs.field(converter=_ids)
+    expected_epoch: int
+    owners: Owners | None = attrs.field(default=None, converter=_opt_owners)
+
+
+@attrs.frozen(slots=True)
+class Reassign:
+    """Leader: install a new owners table."""
+
+    expected_epoch: int
+    owners: Owners = attrs.field(converter=freeze_owners)
+
+
+Command = Join | SetBrokers | Drain | Undrain | MarkDown | MarkUp | Reassign
+
+APPLIED = "applied"
+UNCHANGED = "unchanged"
+REJECTED = "rejected"
+
+
+@attrs.frozen(slots=True)
+class Result:
+    """``applied`` (state changed, epoch is the new epoch), ``unchanged`` (the
+    command's effect was already in place: idempotent replay) or ``rejected``
+    (stale epoch or invalid; ``reason`` says which). ``epoch`` is the state's
+    epoch after the command."""
+
+    outcome: str
+    epoch: int
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome != REJECTED

@@ -1,0 +1,118 @@
+"""The Raft leader's decisions as a pure function of (state, liveness view, time).
+
+``Planner.next_command(state, live, now, brokers)`` returns the one command the
+leader should propose next, or None when the committed state already matches
+what the leader sees. The caller proposes it, waits for its result (committed,
+rejected as stale, or lost in a leader change) and asks again: every decision
+is re-derived from the freshest committed state, so a new leader simply
+continues where the old one stopped.
+
+Order of business:
+
+1. **Deaths** first: members marked up that the leader does not see live are
+   marked down *together with* the table that moves their identities away
+   (one commit, epoch + 1; only the dead nodes' identities move).
+2. **Returns**: members seen live again are marked up *without* identities
+   (the table is kept unless it is invalid). Step one of a rejoin.
+3. **Upstream brokers** the leader's own data path reports (``SetBrokers``).
+4. **Repair**: a table that is invalid (a drained owner, a new broker without
+   owner) is replaced at once by ``state.repaired()``.
+5. **Rebalance**: a valid but unbalanced table (a node came back, a node was
+   undrained) is replaced by ``assign(...)`` only once every node that would
+   gain identities has been live, in the leader's own view, for
+   ``rebalance_delay`` seconds. Step two of a rejoin: a node that dies again
+   at once (crash loop, flapping link) never pulls clients over, and the data
+   paths of the nodes losing identities see one planned move they can drain.
+
+No clock is read here: ``now`` comes from the caller (the real monotonic clock
+in ``FleetMember``, simulated time in the tests).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import attrs
+
+from membership.commands import Command, MarkDown, MarkUp, Reassign, SetBrokers
+from membership.state import FleetState
+from topology import Broker, BrokerId, ProxyId, assign
+
+
+def _table(state: FleetState, previous: dict[BrokerId, ProxyId]) -> dict[BrokerId, ProxyId]:
+    nodes = state.eligible_nodes()
+    return assign(state.brokers, nodes, previous) if nodes else {}
+
+
+def _loads(owners: dict[BrokerId, ProxyId]) -> dict[ProxyId, int]:
+    out: dict[ProxyId, int] = {}
+    for p in owners.values():
+        out[p] = out.get(p, 0) + 1
+    return out
+
+
+class Planner:
+    def __init__(self, rebalance_delay: float) -> None:
+        if rebalance_delay < 0:
+            raise ValueError("rebalance_delay must be >= 0")
+        self.rebalance_delay = rebalance_delay
+        self._live_since: dict[ProxyId, float] = {}
+
+    def reset(self) -> None:
+        """Forget the liveness history (call when leadership is lost)."""
+        self._live_since.clear()
+
+    def observe(self, live: Iterable[ProxyId], now: float) -> None:
+        live = frozenset(live)
+        for p in [p for p in self._live_since if p not in live]:
+            del self._live_since[p]
+        for p in live:
+            self._live_since.setdefault(p, now)
+
+    def live_for(self, node: ProxyId, now: float) -> float:
+        since = self._live_since.get(node)
+        return 0.0 if since is None else now - since
+
+    def next_command(
+        self,
+        state: FleetState,
+        live: Iterable[ProxyId],
+        now: float,
+        brokers: Iterable[Broker] | None = None,
+    ) -> Command | None:
+        live = frozenset(live)
+        self.observe(live, now)
+        members = state.member_ids()
+
+        dead = (state.up & members) - live
+        if dead:
+            after = attrs.evolve(state, up=state.up - dead)
+            return MarkDown(dead, state.epoch, _table(after, state.owner_map()))
+
+        back = (members - state.up) & live
+        if back:
+            after = attrs.evolve(state, up=state.up | back)
+            if after.is_valid():
+                return MarkUp(back, state.epoch)
+            return MarkUp(back, state.epoch, _table(after, state.owner_map()))
+
+        if brokers is not None:
+            reported = tuple(sorted(brokers, key=lambda b: b.id))
+            if reported != state.brokers:
+                return SetBrokers(reported)
+
+        current = state.owner_map()
+        if state.problem(current) is not None:
+            return Reassign(state.epoch, state.repaired())
+
+        nodes = state.eligible_nodes()
+        if not nodes:
+            return None
+        target = assign(state.brokers, nodes, current)
+        if target == current:
+            return None
+        before, after_loads = _loads(current), _loads(target)
+        gainers = [p for p, n in after_loads.items() if n > before.get(p, 0)]
+        if all(self.live_for(p, now) >= self.rebalance_delay for p in gainers):
+            return Reassign(state.epoch, target)
+        return None

@@ -1,0 +1,223 @@
+"""The replicated fleet state: a pure, immutable value and its ``apply``.
+
+``FleetState.apply(command) -> (new_state, Result)`` reads no clock, no
+randomness, no ``hash()``: every replica applying the same log reaches the same
+state. It never raises for a well-typed command; a command that cannot apply
+returns a ``rejected`` result and leaves the state as it was.
+
+The epoch counts accepted changes: every ``applied`` command increments it by
+one, so epochs never decrease and one epoch names exactly one state (and so
+one owners table) in every replica.
+
+Eligibility: the members that may own identities are ``up`` and not
+``draining``. If that leaves nobody, the up members serve anyway, draining or
+not (serving beats refusing). A table is *valid* when it covers exactly the
+known brokers with eligible owners (or is empty when nobody is eligible).
+Intent commands may leave the table invalid for a moment; :meth:`repaired` is
+the table every replica derives from it until the leader commits one, so all
+data paths agree even then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import attrs
+
+from membership.commands import (
+    APPLIED,
+    REJECTED,
+    UNCHANGED,
+    Command,
+    Drain,
+    Join,
+    MarkDown,
+    MarkUp,
+    Reassign,
+    Result,
+    SetBrokers,
+    Undrain,
+)
+from topology import (
+    AddressConflict,
+    Broker,
+    BrokerId,
+    ProxyId,
+    ProxyNode,
+    assign,
+    freeze_owners,
+    validate_addresses,
+)
+
+
+def _members(value: Iterable[ProxyNode]) -> tuple[ProxyNode, ...]:
+    return tuple(sorted(value, key=lambda n: n.id))
+
+
+def _brokers(value: Iterable[Broker]) -> tuple[Broker, ...]:
+    return tuple(sorted(value, key=lambda b: b.id))
+
+
+@attrs.frozen(slots=True)
+class FleetState:
+    epoch: int = 0
+    members: tuple[ProxyNode, ...] = attrs.field(default=(), converter=_members)
+    up: frozenset[ProxyId] = frozenset()
+    draining: frozenset[ProxyId] = frozenset()
+    brokers: tuple[Broker, ...] = attrs.field(default=(), converter=_brokers)
+    owners: tuple[tuple[BrokerId, ProxyId], ...] = attrs.field(default=(), converter=freeze_owners)
+
+    # ---- queries ---------------------------------------------------------------------------
+
+    def member_map(self) -> dict[ProxyId, ProxyNode]:
+        return {n.id: n for n in self.members}
+
+    def member_ids(self) -> frozenset[ProxyId]:
+        return frozenset(n.id for n in self.members)
+
+    def broker_ids(self) -> frozenset[BrokerId]:
+        return frozenset(b.id for b in self.brokers)
+
+    def owner_map(self) -> dict[BrokerId, ProxyId]:
+        return dict(self.owners)
+
+    def eligible(self) -> frozenset[ProxyId]:
+        live = self.up & self.member_ids()
+        return (live - self.draining) or live
+
+    def eligible_nodes(self) -> list[ProxyNode]:
+        ids = self.eligible()
+        return [n for n in self.members if n.id in ids]
+
+    def problem(self, owners: Mapping[BrokerId, ProxyId]) -> str | None:
+        """Why ``owners`` is not a valid table for this state, or None."""
+        eligible = self.eligible()
+        if not eligible:
+            return None if not owners else "no member is eligible, so the table must be empty"
+        missing = self.broker_ids() - owners.keys()
+        if missing:
+            return f"brokers without owner: {sorted(missing)}"
+        extra = owners.keys() - self.broker_ids()
+        if extra:
+            return f"unknown brokers: {sorted(extra)}"
+        bad = {p for p in owners.values() if p not in eligible}
+        if bad:
+            return f"owners not eligible: {sorted(bad)}"
+        return None
+
+    def is_valid(self) -> bool:
+        return self.problem(self.owner_map()) is None
+
+    def repaired(self) -> dict[BrokerId, ProxyId]:
+        """The committed table if valid, else what ``assign`` makes of it."""
+        owners = self.owner_map()
+        if self.problem(owners) is None:
+            return owners
+        nodes = self.eligible_nodes()
+        if not nodes:
+            return {}
+        return assign(self.brokers, nodes, owners)
+
+    # ---- apply -----------------------------------------------------------------------------
+
+    def apply(self, command: Command) -> tuple[FleetState, Result]:
+        handler = _HANDLERS.get(type(command))
+        if handler is None:
+            return self, self._reject(f"unknown command {type(command).__name__}")
+        return handler(self, command)
+
+    def _reject(self, reason: str) -> Result:
+        return Result(REJECTED, self.epoch, reason)
+
+    def _unchanged(self) -> tuple[FleetState, Result]:
+        return self, Result(UNCHANGED, self.epoch)
+
+    def _next(self, **changes) -> tuple[FleetState, Result]:
+        new = attrs.evolve(self, epoch=self.epoch + 1, **changes)
+        return new, Result(APPLIED, new.epoch)
+
+    def _join(self, cmd: Join) -> tuple[FleetState, Result]:
+        node = cmd.node
+        if not isinstance(node, ProxyNode):
+            return self, self._reject("Join needs a ProxyNode")
+        current = self.member_map()
+        if current.get(node.id) == node:
+            return self._unchanged()
+        current[node.id] = node
+        try:
+            validate_addresses(current.values(), self.broker_ids())
+        except (AddressConflict, ValueError) as exc:
+            return self, self._reject(f"address conflict: {exc}")
+        return self._next(members=current.values())
+
+    def _set_brokers(self, cmd: SetBrokers) -> tuple[FleetState, Result]:
+        if cmd.brokers == self.brokers:
+            return self._unchanged()
+        ids = [b.id for b in cmd.brokers]
+        if len(set(ids)) != len(ids):
+            return self, self._reject("duplicate broker ids")
+        try:
+            validate_addresses(self.members, ids)
+        except (AddressConflict, ValueError) as exc:
+            return self, self._reject(f"address conflict: {exc}")
+        keep = frozenset(ids)
+        return self._next(brokers=cmd.brokers, owners=[(b, p) for b, p in self.owners if b in keep])
+
+    def _drain(self, cmd: Drain) -> tuple[FleetState, Result]:
+        if cmd.node_id not in self.member_ids():
+            return self, self._reject(f"unknown node {cmd.node_id!r}")
+        if cmd.node_id in self.draining:
+            return self._unchanged()
+        return self._next(draining=self.draining | {cmd.node_id})
+
+    def _undrain(self, cmd: Undrain) -> tuple[FleetState, Result]:
+        if cmd.node_id not in self.member_ids():
+            return self, self._reject(f"unknown node {cmd.node_id!r}")
+        if cmd.node_id not in self.draining:
+            return self._unchanged()
+        return self._next(draining=self.draining - {cmd.node_id})
+
+    def _decide(
+        self, expected_epoch: int, up: frozenset[ProxyId], owners, check: bool = True
+    ) -> tuple[FleetState, Result]:
+        """Shared tail of the leader's conditional commands: idempotence first
+        (the effect is already in place), then the epoch, then validity of the
+        table (skipped only for a MarkUp that keeps the table as it is)."""
+        if up == self.up and owners == self.owners:
+            return self._unchanged()
+        if expected_epoch != self.epoch:
+            return self, self._reject(f"stale epoch {expected_epoch}, state is at {self.epoch}")
+        candidate = attrs.evolve(self, up=up, owners=owners)
+        if check:
+            problem = candidate.problem(candidate.owner_map())
+            if problem is not None:
+                return self, self._reject(problem)
+        return self._next(up=up, owners=owners)
+
+    def _mark_down(self, cmd: MarkDown) -> tuple[FleetState, Result]:
+        unknown = cmd.nodes - self.member_ids()
+        if unknown:
+            return self, self._reject(f"unknown nodes {sorted(unknown)}")
+        return self._decide(cmd.expected_epoch, self.up - cmd.nodes, cmd.owners)
+
+    def _mark_up(self, cmd: MarkUp) -> tuple[FleetState, Result]:
+        unknown = cmd.nodes - self.member_ids()
+        if unknown:
+            return self, self._reject(f"unknown nodes {sorted(unknown)}")
+        if cmd.owners is None:
+            return self._decide(cmd.expected_epoch, self.up | cmd.nodes, self.owners, check=False)
+        return self._decide(cmd.expected_epoch, self.up | cmd.nodes, cmd.owners)
+
+    def _reassign(self, cmd: Reassign) -> tuple[FleetState, Result]:
+        return self._decide(cmd.expected_epoch, self.up, cmd.owners)
+
+
+_HANDLERS = {
+    Join: FleetState._join,
+    SetBrokers: FleetState._set_brokers,
+    Drain: FleetState._drain,
+    Undrain: FleetState._undrain,
+    MarkDown: FleetState._mark_down,
+    MarkUp: FleetState._mark_up,
+    Reassign: FleetState._reassign,
+}

@@ -1,0 +1,339 @@
+"""Node and fleet configuration: one TOML file describes the whole fleet.
+
+``kproxy run --config F --node N`` picks node N out of ``[[nodes]]``. A single
+node needs only ``[upstream]`` and one ``[[nodes]]`` entry; the ``[fleet]``
+section (Raft) is optional. Every error names the offending field::
+
+    [upstream]
+    bootstrap = ["127.0.0.1:19092"]     # required, host:port list
+    refresh_interval_s = 10.0
+
+    [ports]                              # how broker identities map to ports
+    base = 9100                          # broker B is served on base + B, or:
+    # map = { "1" = 9101, "2" = 9102 }   # an explicit map (wins over base)
+
+    [[nodes]]
+    id = "p1"
+    host = "127.0.0.11"                  # bind and advertised address
+    bootstrap_port = 9092
+    admin_port = 9400                    # optional: admin HTTP endpoint
+    raft_port = 9500                     # required with [fleet]
+    rack = "rack-1"                      # optional
+
+    [limits]
+    max_frame_bytes = 104857600          # Kafka's socket.request.max.bytes
+    high_water_bytes = 1048576           # pause the other side above this
+    connect_timeout_s = 5.0
+
+    [logging]
+    level = "INFO"
+    format = "json"                      # or "text"
+
+    [admin]
+    token_env = "KPROXY_ADMIN_TOKEN"     # bearer token for POST actions
+
+    [fleet]
+    password_env = "KPROXY_RAFT_PASSWORD"
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+import attrs
+
+# Kafka's own default for socket.request.max.bytes: the largest request a broker
+# accepts. A response can be as large as fetch.max.bytes (50 MiB default), so the
+# same bound covers both directions.
+DEFAULT_MAX_FRAME_BYTES = 104_857_600
+MAX_PORT = 65535
+# With ``ports.base`` the ports base .. base+255 are reserved for broker ids 0..255;
+# a node's own ports may not fall inside that window.
+BASE_WINDOW = 256
+
+
+class ConfigError(ValueError):
+    """A bad configuration; ``field`` is the dotted path of the offending field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"config field '{field}': {message}")
+        self.field = field
+
+
+@attrs.frozen
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port}"
+
+
+@attrs.frozen
+class NodeConfig:
+    id: str
+    host: str
+    bootstrap_port: int
+    admin_port: int | None = None
+    raft_port: int | None = None
+    rack: str | None = None
+
+
+@attrs.frozen
+class Limits:
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    high_water_bytes: int = 1 << 20
+    connect_timeout_s: float = 5.0
+
+
+@attrs.frozen
+class FleetConfig:
+    password: str
+    raft_min_timeout_s: float = 0.2
+    raft_max_timeout_s: float = 0.4
+    dead_after_s: float = 1.0
+    lease_s: float = 2.0
+
+
+@attrs.frozen
+class Config:
+    nodes: tuple[NodeConfig, ...]
+    upstream: tuple[HostPort, ...]
+    refresh_interval_s: float = 10.0
+    port_base: int | None = None
+    port_map: Mapping[int, int] = attrs.field(factory=dict)
+    limits: Limits = Limits()
+    log_level: str = "INFO"
+    log_format: str = "json"
+    admin_token: str | None = None
+    fleet: FleetConfig | None = None
+    source: str = "<memory>"
+
+    def node(self, node_id: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise ConfigError("nodes", f"no node with id {node_id!r} (known: {[n.id for n in self.nodes]})")
+
+    def broker_port(self, broker_id: int) -> int:
+        """The port on which every node serves broker identity ``broker_id``."""
+        if broker_id in self.port_map:
+            return self.port_map[broker_id]
+        if self.port_base is None:
+            raise ConfigError("ports.map", f"no port for broker {broker_id} and no ports.base")
+        port = self.port_base + broker_id
+        if not 0 < port <= MAX_PORT:
+            raise ConfigError("ports.base", f"base + broker id {broker_id} = {port} is not a valid port")
+        return port
+
+
+# --------------------------------------------------------------- loading
+def load(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:
+    p = Path(path)
+    try:
+        raw = tomllib.loads(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError("--config", f"file {p} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("--config", f"{p} is not valid TOML: {exc}") from None
+    return parse(raw, env=os.environ if env is None else env, source=str(p))
+
+
+def _get(section: Mapping[str, Any], key: str, path: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
+    if key not in section:
+        if default is ...:
+            raise ConfigError(path, "is required")
+        return default
+    value = section[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if isinstance(value, bool) and kind is not bool:
+        raise ConfigError(path, f"must be {_kind_name(kind)}, got {value!r}")
+    if not isinstance(value, kind):
+        raise ConfigError(path, f"must be {_kind_name(kind)}, got {value!r}")
+    return value
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    names = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table", bool: "a boolean"}
+    if isinstance(kind, tuple):
+        return " or ".join(names.get(k, k.__name__) for k in kind)
+    return names.get(kind, kind.__name__)
+
+
+def _port(value: Any, path: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PORT:
+        raise ConfigError(path, f"must be a port number 1..{MAX_PORT}, got {value!r}")
+    return value
+
+
+def _host(value: Any, path: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(path, f"must be a host name or IP address, got {value!r}")
+    return value
+
+
+def parse_host_port(value: Any, path: str) -> HostPort:
+    if not isinstance(value, str) or ":" not in value:
+        raise ConfigError(path, f"must be 'host:port', got {value!r}")
+    host, _, port = value.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port_num = int(port)
+    except ValueError:
+        raise ConfigError(path, f"port of {value!r} is not a number") from None
+    return HostPort(_host(host, path), _port(port_num, path))
+
+
+def _positive(value: float, path: str) -> float:
+    if value <= 0:
+        raise ConfigError(path, f"must be positive, got {value!r}")
+    return value
+
+
+def _secret(section: Mapping[str, Any], name: str, path: str, env: Mapping[str, str]) -> str | None:
+    """A secret comes from ``<name>`` in the file or from the env var named by ``<name>_env``."""
+    if f"{name}_env" in section:
+        var = _get(section, f"{name}_env", f"{path}.{name}_env", str)
+        value = env.get(var)
+        if not value:
+            raise ConfigError(f"{path}.{name}_env", f"environment variable {var} is not set or empty")
+        return value
+    if name in section:
+        value = _get(section, name, f"{path}.{name}", str)
+        if not value:
+            raise ConfigError(f"{path}.{name}", "must not be empty")
+        return value
+    return None
+
+
+def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, source: str = "<memory>") -> Config:
+    env = os.environ if env is None else env
+    known = {"upstream", "ports", "nodes", "limits", "logging", "admin", "fleet"}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(key, f"unknown section (expected one of {sorted(known)})")
+
+    upstream_raw = _get(raw, "upstream", "upstream", dict)
+    boots = _get(upstream_raw, "bootstrap", "upstream.bootstrap", list)
+    if not boots:
+        raise ConfigError("upstream.bootstrap", "must list at least one host:port")
+    upstream = tuple(parse_host_port(v, f"upstream.bootstrap[{i}]") for i, v in enumerate(boots))
+    refresh = _positive(_get(upstream_raw, "refresh_interval_s", "upstream.refresh_interval_s", float, 10.0),
+                        "upstream.refresh_interval_s")
+
+    ports_raw = _get(raw, "ports", "ports", dict, {})
+    base = _get(ports_raw, "base", "ports.base", int, None)
+    if base is not None and not 0 < base < MAX_PORT:
+        raise ConfigError("ports.base", f"must be a port number, got {base}")
+    port_map: dict[int, int] = {}
+    for k, v in _get(ports_raw, "map", "ports.map", dict, {}).items():
+        try:
+            bid = int(k)
+        except ValueError:
+            raise ConfigError(f"ports.map.{k}", "keys must be broker ids (integers)") from None
+        port_map[bid] = _port(v, f"ports.map.{k}")
+    if base is None and not port_map:
+        raise ConfigError("ports", "set ports.base (broker B on base + B) or ports.map")
+    if len(set(port_map.values())) != len(port_map):
+        raise ConfigError("ports.map", "two broker ids map to the same port")
+
+    nodes_raw = _get(raw, "nodes", "nodes", list)
+    if not nodes_raw:
+        raise ConfigError("nodes", "must list at least one node")
+    nodes = []
+    for i, n in enumerate(nodes_raw):
+        path = f"nodes[{i}]"
+        if not isinstance(n, dict):
+            raise ConfigError(path, "must be a table")
+        admin_port = _get(n, "admin_port", f"{path}.admin_port", int, None)
+        raft_port = _get(n, "raft_port", f"{path}.raft_port", int, None)
+        node = NodeConfig(
+            id=_get(n, "id", f"{path}.id", str),
+            host=_host(_get(n, "host", f"{path}.host", str), f"{path}.host"),
+            bootstrap_port=_port(_get(n, "bootstrap_port", f"{path}.bootstrap_port", int), f"{path}.bootstrap_port"),
+            admin_port=None if admin_port is None else _port(admin_port, f"{path}.admin_port"),
+            raft_port=None if raft_port is None else _port(raft_port, f"{path}.raft_port"),
+            rack=_get(n, "rack", f"{path}.rack", str, None),
+        )
+        if not node.id:
+            raise ConfigError(f"{path}.id", "must not be empty")
+        nodes.append(node)
+    ids = [n.id for n in nodes]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("nodes", f"node ids must be unique, got {ids}")
+    addrs = [(n.host, n.bootstrap_port) for n in nodes]
+    if len(set(addrs)) != len(addrs):
+        raise ConfigError("nodes", "two nodes share one host and bootstrap_port")
+
+    limits_raw = _get(raw, "limits", "limits", dict, {})
+    limits = Limits(
+        max_frame_bytes=_get(limits_raw, "max_frame_bytes", "limits.max_frame_bytes", int, DEFAULT_MAX_FRAME_BYTES),
+        high_water_bytes=_get(limits_raw, "high_water_bytes", "limits.high_water_bytes", int, 1 << 20),
+        connect_timeout_s=_get(limits_raw, "connect_timeout_s", "limits.connect_timeout_s", float, 5.0),
+    )
+    if not 1024 <= limits.max_frame_bytes <= 1 << 30:
+        raise ConfigError("limits.max_frame_bytes", "must be between 1 KiB and 1 GiB")
+    if not 4096 <= limits.high_water_bytes <= 1 << 30:
+        raise ConfigError("limits.high_water_bytes", "must be between 4 KiB and 1 GiB")
+    _positive(limits.connect_timeout_s, "limits.connect_timeout_s")
+
+    logging_raw = _get(raw, "logging", "logging", dict, {})
+    level = _get(logging_raw, "level", "logging.level", str, "INFO").upper()
+    if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
+        raise ConfigError("logging.level", f"must be DEBUG, INFO, WARNING or ERROR, got {level!r}")
+    fmt = _get(logging_raw, "format", "logging.format", str, "json")
+    if fmt not in {"json", "text"}:
+        raise ConfigError("logging.format", f"must be 'json' or 'text', got {fmt!r}")
+
+    admin_raw = _get(raw, "admin", "admin", dict, {})
+    token = _secret(admin_raw, "token", "admin", env)
+
+    fleet = None
+    if "fleet" in raw:
+        fleet_raw = _get(raw, "fleet", "fleet", dict)
+        password = _secret(fleet_raw, "password", "fleet", env)
+        if password is None:
+            raise ConfigError("fleet.password", "Raft traffic is pickle: a password (or password_env) is required")
+        fleet = FleetConfig(
+            password=password,
+            raft_min_timeout_s=_get(fleet_raw, "raft_min_timeout_s", "fleet.raft_min_timeout_s", float, 0.2),
+            raft_max_timeout_s=_get(fleet_raw, "raft_max_timeout_s", "fleet.raft_max_timeout_s", float, 0.4),
+            dead_after_s=_get(fleet_raw, "dead_after_s", "fleet.dead_after_s", float, 1.0),
+            lease_s=_get(fleet_raw, "lease_s", "fleet.lease_s", float, 2.0),
+        )
+        for name in ("raft_min_timeout_s", "raft_max_timeout_s", "dead_after_s", "lease_s"):
+            _positive(getattr(fleet, name), f"fleet.{name}")
+        if fleet.raft_max_timeout_s <= fleet.raft_min_timeout_s:
+            raise ConfigError("fleet.raft_max_timeout_s", "must be greater than fleet.raft_min_timeout_s")
+        for i, n in enumerate(nodes):
+            if n.raft_port is None:
+                raise ConfigError(f"nodes[{i}].raft_port", "is required when [fleet] is configured")
+    for i, n in enumerate(nodes):
+        used = [("bootstrap_port", n.bootstrap_port)]
+        used += [(k, getattr(n, k)) for k in ("admin_port", "raft_port") if getattr(n, k) is not None]
+        ports = [p for _, p in used]
+        if len(set(ports)) != len(ports):
+            raise ConfigError(f"nodes[{i}]", f"bootstrap/admin/raft ports must differ, got {dict(used)}")
+        for key, p in used:
+            if p in port_map.values() or (base is not None and base <= p < base + BASE_WINDOW):
+                raise ConfigError(f"nodes[{i}].{key}", f"port {p} collides with the broker identity ports")
+        _check_ip(n.host, f"nodes[{i}].host")
+
+    return Config(
+        nodes=tuple(nodes), upstream=upstream, refresh_interval_s=refresh, port_base=base, port_map=port_map,
+        limits=limits, log_level=level, log_format=fmt, admin_token=token, fleet=fleet, source=source,
+    )
+
+
+def _check_ip(host: str, path: str) -> None:
+    """Hosts may be names; an IP literal must at least parse."""
+    if host.replace(".", "").isdigit() or ":" in host:
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise ConfigError(path, f"{host!r} is not a valid IP address") from None

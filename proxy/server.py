@@ -1,0 +1,445 @@
+"""The data path's I/O shell: asyncio Protocol/Transport on uvloop, cut-through.
+
+Theory of operation
+-------------------
+A :class:`ProxyNode` binds, on its own address, one bootstrap port plus one
+port per broker identity (eagerly, for every broker discovered upstream). A
+client connection on broker B's port is paired with one upstream connection to
+broker B; the bootstrap port pairs with any live broker. Per pair, a
+:class:`proxy.codec.ConnectionCodec` (sans-IO) observes request headers (to
+fill the correlation table) and splits the response stream into pass-through
+slices and whole address-carrying frames for :class:`proxy.rewrite.Rewriter`.
+
+Forwarding is cut-through: request chunks are written upstream as received;
+response chunks are written to the client as received except frames that must
+be rewritten. Backpressure runs both ways: when one side's write buffer goes
+above ``limits.high_water_bytes`` the other side stops reading.
+
+Which proxy advertises which broker identity is *not* decided here: an
+``Assignments`` source (static for a single node, the Raft table in a fleet)
+answers ``owner_of(broker_id)``; the :class:`AddressBook` turns owner + port
+scheme into the advertised host:port. When an identity moves away from this
+node, the clients connected to it here are drained: reading stops, in-flight
+responses are flushed, then the socket is closed (FIN) so the client refreshes
+metadata and reconnects to the new owner (DESIGN §4).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from typing import Callable, Mapping, Protocol
+
+from proxy.codec import ConnectionCodec
+from proxy.config import Config, HostPort, NodeConfig
+from proxy.errors import ProtocolError, RewriteError, UnknownBroker
+from proxy.metrics import ProxyMetrics
+from proxy.rewrite import BrokerAddress, ResponseRewriter
+from proxy.upstream import DiscoveryError, UpstreamBroker, discover
+
+log = logging.getLogger("kproxy.proxy")
+BOOTSTRAP = -1  # listener key of the bootstrap port
+DRAIN_TIMEOUT_S = 5.0
+
+
+class Assignments(Protocol):
+    """Where the data path reads the advertised map from (never decides it)."""
+
+    def owners(self) -> tuple[int, Mapping[int, str]]:
+        """(epoch, broker_id -> proxy node id) currently in effect."""
+        ...
+
+
+class StaticAssignments:
+    """A single node with no fleet: this node advertises every identity."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.brokers: set[int] = set()
+
+    def owners(self) -> tuple[int, Mapping[int, str]]:
+        return 0, {b: self.node_id for b in self.brokers}
+
+
+class AddressBook:
+    """broker id -> the host:port clients are told, from owner and port scheme."""
+
+    def __init__(self, config: Config, assignments: Assignments, local: NodeConfig) -> None:
+        self.config = config
+        self.assignments = assignments
+        self.local = local
+        self._hosts = {n.id: n.host for n in config.nodes}
+        self.bound: set[int] = set()  # identities this node has listeners for
+
+    def address_of(self, broker_id: int) -> tuple[str, int] | None:
+        if broker_id not in self.bound:
+            return None  # never advertise an identity before its listener is bound here
+        _, owners = self.assignments.owners()
+        owner = owners.get(broker_id)
+        host = self._hosts.get(owner) if owner is not None else None
+        if host is None:
+            host = self.local.host  # unassigned (yet): this node serves it
+        return host, self.config.broker_port(broker_id)
+
+
+class _Pair:
+    """One client connection and its upstream connection."""
+
+    __slots__ = ("node", "listener", "client", "upstream", "codec", "closed", "draining", "peer", "upstream_addr",
+                 "_pending")
+
+    def __init__(self, node: "ProxyNode", listener: int) -> None:
+        self.node = node
+        self.listener = listener
+        self.client: asyncio.Transport | None = None
+        self.upstream: asyncio.Transport | None = None
+        self.codec = ConnectionCodec(node.rewriter, max_frame_size=node.config.limits.max_frame_bytes)
+        self.closed = False
+        self.draining = False
+        self.peer = "?"
+        self.upstream_addr: HostPort | None = None
+        self._pending: list[bytes] = []
+
+    def close(self, reason: str, *, level: int = logging.DEBUG) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        log.log(level, "closing connection", extra={"peer": self.peer, "listener": self.listener, "reason": reason})
+        for t in (self.client, self.upstream):
+            if t is not None and not t.is_closing():
+                t.close()  # flushes what is buffered, then FIN
+        self.node._pairs.discard(self)
+        self.node.metrics.active.dec()
+
+    def abort(self, reason: str) -> None:
+        if not self.closed:
+            self.close(reason, level=logging.WARNING)
+        for t in (self.client, self.upstream):
+            if t is not None:
+                t.abort()
+
+
+class ClientSide(asyncio.Protocol):
+    def __init__(self, node: "ProxyNode", listener: int) -> None:
+        self.node = node
+        self.pair = _Pair(node, listener)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        pair = self.pair
+        pair.client = transport
+        peer = transport.get_extra_info("peername")
+        pair.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        transport.set_write_buffer_limits(high=self.node.config.limits.high_water_bytes)
+        self.node._pairs.add(pair)
+        self.node.metrics.active.inc()
+        self.node.metrics.accepted("bootstrap" if pair.listener == BOOTSTRAP else f"broker-{pair.listener}")
+        if self.node.draining:
+            pair.close("node is draining")
+            return
+        transport.pause_reading()
+        self.node._spawn(self.node._connect_upstream(pair))
+
+    def data_received(self, data: bytes) -> None:
+        pair = self.pair
+        try:
+            headers = pair.codec.requests.feed(data)
+        except ProtocolError as exc:
+            self.node.metrics.protocol_error("client")
+            log.warning("protocol error from client, closing its connection",
+                        extra={"peer": pair.peer, "listener": pair.listener, "reason": str(exc)})
+            pair.abort(f"protocol error: {exc}")
+            return
+        for h in headers:
+            self.node.metrics.request(h.api_key)
+        self.node.metrics.bytes_up.inc(len(data))
+        if pair.upstream is not None:
+            pair.upstream.write(data)
+        else:  # cannot happen while paused, kept for safety
+            pair._pending.append(data)
+
+    def eof_received(self) -> bool | None:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.pair.close("client gone")
+
+    def pause_writing(self) -> None:
+        if self.pair.upstream is not None:
+            self.pair.upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.pair.upstream is not None and not self.pair.closed:
+            self.pair.upstream.resume_reading()
+
+
+class UpstreamSide(asyncio.Protocol):
+    def __init__(self, pair: _Pair) -> None:
+        self.pair = pair
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.set_write_buffer_limits(high=self.pair.node.config.limits.high_water_bytes)
+
+    def data_received(self, data: bytes) -> None:
+        pair = self.pair
+        node = pair.node
+        try:
+            out = pair.codec.responses.feed(data)
+        except ProtocolError as exc:
+            node.metrics.protocol_error("broker")
+            log.warning("protocol error from broker, closing the pair",
+                        extra={"peer": pair.peer, "listener": pair.listener, "reason": str(exc)})
+            pair.abort(f"broker protocol error: {exc}")
+            return
+        except RewriteError as exc:
+            log.error("cannot rewrite response, closing the pair",
+                      extra={"peer": pair.peer, "listener": pair.listener, "reason": str(exc)})
+            pair.abort(f"rewrite error: {exc}")
+            return
+        node.metrics.bytes_down.inc(len(data))
+        if out and pair.client is not None:
+            pair.client.writelines(out)
+        stalled = pair.codec.responses.stalled
+        if stalled is not None:
+            assert pair.upstream is not None
+            pair.upstream.pause_reading()
+            node._spawn(node._unstall(pair, stalled))
+        elif pair.draining:
+            node._maybe_finish_drain(pair)
+
+    def eof_received(self) -> bool | None:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.pair.close("broker connection lost")
+
+    def pause_writing(self) -> None:
+        if self.pair.client is not None:
+            self.pair.client.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.pair.client is not None and not self.pair.closed and not self.pair.draining:
+            self.pair.client.resume_reading()
+
+
+class ProxyNode:
+    """One proxy node's data path. ``await start()``, ``await stop()``."""
+
+    def __init__(self, config: Config, node_id: str, assignments: Assignments | None = None,
+                 metrics: ProxyMetrics | None = None) -> None:
+        self.config = config
+        self.local = config.node(node_id)
+        self.static = assignments is None
+        self.assignments: Assignments = assignments or StaticAssignments(node_id)
+        self.metrics = metrics or ProxyMetrics(node_id)
+        self.book = AddressBook(config, self.assignments, self.local)
+        self.rewriter = ResponseRewriter(self.book.address_of, on_brokers=self._brokers_seen)
+        self.metrics.watch_rewrites(self.rewriter.counts)
+        self.brokers: dict[int, UpstreamBroker] = {}
+        self._servers: dict[int, asyncio.AbstractServer] = {}
+        self._pairs: set[_Pair] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._rr = itertools.count()
+        self._bind_lock = asyncio.Lock()
+        self._listeners_changed: list[Callable[[list[UpstreamBroker]], None]] = []
+        self.draining = False
+        self.started_at = time.time()
+
+    # ----------------------------------------------------------- lifecycle
+    async def start(self, discovery_timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + discovery_timeout
+        while True:
+            try:
+                brokers = await discover(self.config.upstream, self.config.limits.connect_timeout_s)
+                break
+            except DiscoveryError as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("upstream not reachable yet", extra={"reason": str(exc)})
+                await asyncio.sleep(0.5)
+        await self._learn(brokers)
+        server = await asyncio.get_running_loop().create_server(
+            lambda: ClientSide(self, BOOTSTRAP), self.local.host, self.local.bootstrap_port, reuse_address=True)
+        self._servers[BOOTSTRAP] = server
+        self._spawn(self._refresh_loop())
+        log.info("proxy node serving", extra={"node": self.local.id, "bootstrap": self.bootstrap_address,
+                                              "brokers": sorted(self.brokers)})
+
+    async def stop(self) -> None:
+        for server in self._servers.values():
+            server.close()
+        for pair in list(self._pairs):
+            pair.close("node stopping")
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._servers.clear()
+
+    @property
+    def bootstrap_address(self) -> str:
+        return f"{self.local.host}:{self.local.bootstrap_port}"
+
+    def on_brokers_changed(self, callback: Callable[[list[UpstreamBroker]], None]) -> None:
+        self._listeners_changed.append(callback)
+
+    def _spawn(self, coro) -> None:  # type: ignore[no-untyped-def]
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed", exc_info=task.exception())
+
+    # ------------------------------------------------------------ upstream
+    async def _learn(self, brokers: list[UpstreamBroker]) -> None:
+        """Bind a listener for every new broker *before* anything advertises it."""
+        async with self._bind_lock:
+            changed = False
+            for b in brokers:
+                if self.brokers.get(b.node_id) != b:
+                    self.brokers[b.node_id] = b
+                    changed = True
+                if b.node_id not in self._servers:
+                    port = self.config.broker_port(b.node_id)
+                    self._servers[b.node_id] = await asyncio.get_running_loop().create_server(
+                        lambda bid=b.node_id: ClientSide(self, bid), self.local.host, port, reuse_address=True)
+                    self.book.bound.add(b.node_id)
+                    if isinstance(self.assignments, StaticAssignments):
+                        self.assignments.brokers.add(b.node_id)
+                    log.info("listener bound", extra={"broker": b.node_id, "address": f"{self.local.host}:{port}"})
+            if changed:
+                for cb in self._listeners_changed:
+                    cb(sorted(self.brokers.values()))
+
+    def _brokers_seen(self, api_key: int, brokers: tuple[BrokerAddress, ...], complete: bool) -> None:
+        """A response passing through named brokers: learn any we do not know (listener first)."""
+        new = [UpstreamBroker(b.node_id, b.host, b.port, b.rack) for b in brokers
+               if (old := self.brokers.get(b.node_id)) is None or (old.host, old.port) != (b.host, b.port)]
+        if new:
+            self._spawn(self._learn(new))
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.refresh_interval_s)
+            try:
+                candidates = [b.address for b in self.brokers.values()] + list(self.config.upstream)
+                await self._learn(await discover(candidates, self.config.limits.connect_timeout_s))
+            except DiscoveryError as exc:
+                log.warning("upstream refresh failed", extra={"reason": str(exc)})
+
+    def _upstream_for(self, listener: int) -> list[HostPort]:
+        if listener != BOOTSTRAP:
+            b = self.brokers.get(listener)
+            return [b.address] if b else []
+        live = sorted(self.brokers.values())
+        if not live:
+            return list(self.config.upstream)
+        start = next(self._rr) % len(live)
+        return [b.address for b in live[start:] + live[:start]]
+
+    async def _connect_upstream(self, pair: _Pair) -> None:
+        loop = asyncio.get_running_loop()
+        errors = []
+        for address in self._upstream_for(pair.listener):
+            if pair.closed:
+                return
+            try:
+                transport, _ = await asyncio.wait_for(
+                    loop.create_connection(lambda: UpstreamSide(pair), address.host, address.port),
+                    self.config.limits.connect_timeout_s)
+            except (OSError, asyncio.TimeoutError) as exc:
+                errors.append(f"{address}: {exc!r}")
+                continue
+            if pair.closed:
+                transport.close()
+                return
+            pair.upstream = transport  # type: ignore[assignment]
+            pair.upstream_addr = address
+            if pair._pending:
+                transport.writelines(pair._pending)  # type: ignore[attr-defined]
+                pair._pending.clear()
+            assert pair.client is not None
+            pair.client.resume_reading()
+            return
+        self.metrics.upstream_errors.labels(self.local.id).inc()
+        pair.close(f"no upstream reachable: {'; '.join(errors) or 'broker unknown'}", level=logging.WARNING)
+
+    async def _unstall(self, pair: _Pair, stalled: UnknownBroker) -> None:
+        """A response named a broker we have no listener for: learn it, bind, resume."""
+        new = [UpstreamBroker(b.node_id, b.host, b.port, b.rack) for b in stalled.brokers]
+        await self._learn(new)
+        if pair.closed:
+            return
+        try:
+            out = pair.codec.responses.resume()
+        except (ProtocolError, RewriteError) as exc:
+            pair.abort(f"rewrite failed after learning brokers: {exc}")
+            return
+        if pair.codec.responses.stalled is not None:
+            pair.abort(f"still cannot rewrite: {pair.codec.responses.stalled}")
+            return
+        if out and pair.client is not None:
+            pair.client.writelines(out)
+        if pair.upstream is not None:
+            pair.upstream.resume_reading()
+
+    # -------------------------------------------------------------- drain
+    def identities_moved(self, moved_away: set[int]) -> int:
+        """Drain client connections on identities this node no longer advertises."""
+        count = 0
+        for pair in list(self._pairs):
+            if pair.listener in moved_away and not pair.draining:
+                self._start_drain(pair)
+                count += 1
+        return count
+
+    def drain_all(self) -> int:
+        """Graceful node drain: refuse new connections, move every client away."""
+        self.draining = True
+        for key, server in list(self._servers.items()):
+            server.close()
+        self._servers.clear()
+        count = 0
+        for pair in list(self._pairs):
+            if not pair.draining:
+                self._start_drain(pair)
+                count += 1
+        return count
+
+    def _start_drain(self, pair: _Pair) -> None:
+        pair.draining = True
+        if pair.client is not None:
+            pair.client.pause_reading()  # no new requests
+        self.metrics.drained.labels(self.local.id).inc()
+        self._maybe_finish_drain(pair)
+        if not pair.closed:
+            asyncio.get_running_loop().call_later(DRAIN_TIMEOUT_S, self._drain_deadline, pair)
+
+    def _maybe_finish_drain(self, pair: _Pair) -> None:
+        # The request tracker may be mid-frame (client sent a partial request
+        # before we paused it); the broker never answers that one, so only the
+        # response side and the table matter.
+        if not pair.closed and not pair.codec.table and pair.codec.responses.at_frame_boundary:
+            pair.close("identity moved: drained")
+
+    def _drain_deadline(self, pair: _Pair) -> None:
+        if not pair.closed:
+            pair.close("identity moved: drain deadline reached", level=logging.WARNING)
+
+    def status(self) -> dict:
+        epoch, owners = self.assignments.owners()
+        return {
+            "node": self.local.id,
+            "bootstrap": self.bootstrap_address,
+            "listeners": sorted(k for k in self._servers if k != BOOTSTRAP),
+            "connections": len(self._pairs),
+            "draining": self.draining,
+            "brokers": [
+                {"id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack,
+                 "advertised": "%s:%d" % a if (a := self.book.address_of(b.node_id)) else None}
+                for b in sorted(self.brokers.values())
+            ],
+        }

@@ -1,0 +1,93 @@
+"""Upstream discovery: which brokers exist, where they listen, in which rack.
+
+The proxy asks any reachable bootstrap broker for Metadata (no topics) with a
+kio-encoded request on a short-lived connection. This is the control path, so
+plain asyncio streams are fine here; the data path never waits on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import itertools
+import logging
+import struct
+from typing import Iterable
+
+import attrs
+from kio.schema.metadata.v12.request import MetadataRequest
+from kio.schema.metadata.v12.response import MetadataResponse
+from kio.schema.request_header.v2.header import RequestHeader
+from kio.schema.response_header.v1.header import ResponseHeader
+from kio.serial import entity_reader, entity_writer
+from kio.static.primitive import i16, i32
+
+from proxy.config import HostPort
+
+log = logging.getLogger("kproxy.upstream")
+_LEN = struct.Struct(">i")
+_MAX_RESPONSE = 16 << 20
+_correlation = itertools.count(1)
+_write_header = entity_writer(RequestHeader)
+_write_request = entity_writer(MetadataRequest)
+_read_header = entity_reader(ResponseHeader)
+_read_response = entity_reader(MetadataResponse)
+
+
+@attrs.frozen(order=True)
+class UpstreamBroker:
+    node_id: int
+    host: str
+    port: int
+    rack: str | None = None
+
+    @property
+    def address(self) -> HostPort:
+        return HostPort(self.host, self.port)
+
+
+class DiscoveryError(RuntimeError):
+    """No bootstrap broker answered Metadata."""
+
+
+def encode_metadata_request(correlation_id: int, client_id: str = "kproxy-discovery") -> bytes:
+    buf = io.BytesIO()
+    _write_header(buf, RequestHeader(request_api_key=i16(3), request_api_version=i16(12),
+                                     correlation_id=i32(correlation_id), client_id=client_id))
+    _write_request(buf, MetadataRequest(topics=(), allow_auto_topic_creation=False,
+                                        include_topic_authorized_operations=False))
+    payload = buf.getvalue()
+    return _LEN.pack(len(payload)) + payload
+
+
+def decode_metadata_response(payload: bytes, correlation_id: int) -> list[UpstreamBroker]:
+    header, used = _read_header(payload, 0)
+    if header.correlation_id != correlation_id:
+        raise DiscoveryError(f"correlation id {header.correlation_id} != {correlation_id}")
+    response, _ = _read_response(payload, used)
+    return sorted(UpstreamBroker(int(b.node_id), b.host, int(b.port), b.rack) for b in response.brokers)
+
+
+async def fetch_brokers(address: HostPort, timeout: float = 5.0) -> list[UpstreamBroker]:
+    cid = next(_correlation)
+    reader, writer = await asyncio.wait_for(asyncio.open_connection(address.host, address.port), timeout)
+    try:
+        writer.write(encode_metadata_request(cid))
+        size = _LEN.unpack(await asyncio.wait_for(reader.readexactly(4), timeout))[0]
+        if not 0 < size <= _MAX_RESPONSE:
+            raise DiscoveryError(f"{address}: bad response length {size}")
+        payload = await asyncio.wait_for(reader.readexactly(size), timeout)
+    finally:
+        writer.close()
+    return decode_metadata_response(payload, cid)
+
+
+async def discover(candidates: Iterable[HostPort], timeout: float = 5.0) -> list[UpstreamBroker]:
+    """Ask each candidate in turn; the first answer wins."""
+    errors = []
+    for address in candidates:
+        try:
+            return await fetch_brokers(address, timeout)
+        except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, DiscoveryError, ValueError) as exc:
+            errors.append(f"{address}: {exc!r}")
+    raise DiscoveryError("no upstream broker answered Metadata: " + "; ".join(errors))

@@ -1,0 +1,97 @@
+"""The trace schema on the Spark side, built from ``chaos.trace.FIELDS``.
+
+``TRACE_SCHEMA`` is derived, never written by hand: add a field to
+``chaos/trace.py`` and the readers here follow. The same module holds the
+strict, pure-Python check of one JSON line that the extractor uses to name the
+file and line of a malformed event (Spark's FAILFAST reader fails the job but
+does not say which line).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pyspark.sql.types import DataType, IntegerType, LongType, StringType, StructField, StructType
+
+from chaos.trace import CLIENT_EVENTS, FIELD_NAMES, FIELDS, FLEET_EVENTS
+
+SPARK_TYPES: dict[str, DataType] = {
+    "long": LongType(),
+    "int": IntegerType(),
+    "string": StringType(),
+}
+
+# Arrow/Parquet physical types accepted for each trace type.
+ARROW_TYPES: dict[str, frozenset[str]] = {
+    "long": frozenset({"int64"}),
+    "int": frozenset({"int32"}),
+    "string": frozenset({"string", "large_string"}),
+}
+
+_INT_RANGE: dict[str, tuple[int, int]] = {
+    "long": (-(2**63), 2**63 - 1),
+    "int": (-(2**31), 2**31 - 1),
+}
+
+# Fields without which an event means nothing.
+REQUIRED: tuple[str, ...] = ("ts_ns", "run_id", "source", "event")
+
+
+def build_schema(fields: tuple[tuple[str, str], ...] = FIELDS) -> StructType:
+    """A nullable Spark column per trace field, in the writer's order."""
+    return StructType([StructField(name, SPARK_TYPES[kind], nullable=True) for name, kind in fields])
+
+
+TRACE_SCHEMA: StructType = build_schema()
+COLUMNS: tuple[str, ...] = FIELD_NAMES
+
+
+def check_event(obj: Any) -> str | None:
+    """Why a decoded JSON value is not a valid trace event, or None if it is."""
+    if not isinstance(obj, dict):
+        return f"not a JSON object: {type(obj).__name__}"
+    for name, kind in FIELDS:
+        value = obj.get(name)
+        if value is None:
+            if name in REQUIRED:
+                return f"field {name!r} is missing or null"
+            continue
+        if kind in _INT_RANGE:
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"field {name!r} must be a JSON integer, got {json.dumps(value)}"
+            low, high = _INT_RANGE[kind]
+            if not low <= value <= high:
+                return f"field {name!r} out of range for {kind}: {value}"
+        elif not isinstance(value, str):
+            return f"field {name!r} must be a string, got {json.dumps(value)}"
+    source, event = obj["source"], obj["event"]
+    if source == "client":
+        if event not in CLIENT_EVENTS:
+            return f"unknown client event {event!r}"
+    elif source == "fleet":
+        if event not in FLEET_EVENTS:
+            return f"unknown fleet event {event!r}"
+    else:
+        return f"unknown source {source!r}"
+    return None
+
+
+def check_json_line(line: str) -> str | None:
+    """Why one line of a ``.jsonl`` trace is malformed, or None if it is fine.
+
+    Blank lines are fine (Spark's JSON reader skips them too). Stricter than
+    Spark where Spark coerces silently (a number where a string belongs,
+    trailing bytes after the object, NaN).
+    """
+    if not line.strip():
+        return None
+    try:
+        obj = json.loads(line, parse_constant=_reject_constant)
+    except ValueError as exc:
+        return f"invalid JSON: {exc}"
+    return check_event(obj)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")

@@ -268,3 +268,96 @@ def topics_describe(bootstrap: str | Iterable[str], topic: str | None = None) ->
 def consumer_groups_describe(bootstrap: str | Iterable[str], group: str) -> str:
     return kafka_tool("org.apache.kafka.tools.consumer.group.ConsumerGroupCommand", "--bootstrap-server",
                       _bootstrap(bootstrap), "--describe", "--group", group).stdout
+
+
+# ------------------------------------------------------------- transactions
+def transactional_produce(family: str, bootstrap: str | Iterable[str], topic: str, n: int, prefix: int,
+                          *, commit: bool = True, timeout: float = 60.0) -> None:
+    """Produce ``n`` records in one transaction, then commit (or abort) it.
+
+    For ``java`` the records come from partition 0 of ``topic + "-in"`` (which
+    must hold at least ``n`` records), copied by Kafka's own
+    TransactionalMessageCopier (consume-transform-produce with sendOffsetsToTransaction).
+    """
+    bs = _bootstrap(bootstrap)
+    tid = f"tx-{family}-{topic}-{prefix}"
+    if family == "aiokafka":
+        from aiokafka import AIOKafkaProducer
+
+        async def run() -> None:
+            producer = AIOKafkaProducer(bootstrap_servers=bs, transactional_id=tid, enable_idempotence=True)
+            await producer.start()
+            try:
+                await producer.begin_transaction()
+                for i, v in enumerate(values(prefix, n)):
+                    await producer.send(topic, key=str(i).encode(), value=v.encode())
+                if commit:
+                    await producer.commit_transaction()
+                else:
+                    await producer.abort_transaction()
+            finally:
+                await producer.stop()
+
+        asyncio.run(asyncio.wait_for(run(), timeout))
+    elif family == "confluent":
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": bs, "transactional.id": tid, "log_level": 2})
+        producer.init_transactions(timeout)
+        producer.begin_transaction()
+        for i, v in enumerate(values(prefix, n)):
+            producer.produce(topic, key=str(i).encode(), value=v.encode())
+        if commit:
+            producer.commit_transaction(timeout)
+        else:
+            producer.abort_transaction(timeout)
+    elif family == "kafka-python":
+        from kafka import KafkaProducer
+
+        producer = KafkaProducer(bootstrap_servers=bs.split(","), transactional_id=tid, enable_idempotence=True)
+        try:
+            producer.init_transactions()
+            producer.begin_transaction()
+            for i, v in enumerate(values(prefix, n)):
+                producer.send(topic, key=str(i).encode(), value=v.encode())
+            if commit:
+                producer.commit_transaction()
+            else:
+                producer.abort_transaction()
+        finally:
+            producer.close(timeout=10)
+    elif family == "java":
+        if not commit:
+            raise ClientError("java: TransactionalMessageCopier only commits")
+        cmd = java_tool_cmd("org.apache.kafka.tools.TransactionalMessageCopier", "--broker-list", bs,
+                            "--input-topic", f"{topic}-in", "--input-partition", "0", "--output-topic", topic,
+                            "--transactional-id", tid, "--consumer-group", f"{tid}-group",
+                            "--max-messages", str(n), "--transaction-size", str(max(1, n // 2)))
+        events = run_json_tool(cmd, timeout + 30)
+        done = [e for e in events if e.get("remaining") == 0 or e.get("message") == "ShutdownComplete"]
+        if not done and not any(e.get("transactionsCompleted", 0) for e in events):
+            raise ClientError(f"java: copier did not finish: {events[-3:]}")
+    else:
+        raise ValueError(f"unknown family {family!r}")
+
+
+def consume_committed(bootstrap: str | Iterable[str], topic: str, group: str, n: int,
+                      timeout: float = 60.0) -> list[Consumed]:
+    """Read with isolation.level=read_committed (confluent) until ``n`` records or ``timeout``."""
+    from confluent_kafka import Consumer
+
+    consumer = Consumer({"bootstrap.servers": _bootstrap(bootstrap), "group.id": group, "log_level": 2,
+                         "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                         "enable.auto.commit": False})
+    consumer.subscribe([topic])
+    out: list[Consumed] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < n and time.monotonic() < deadline:
+            for m in consumer.consume(num_messages=500, timeout=0.5):
+                if m.error() is None:
+                    out.append(Consumed(m.key().decode() if m.key() else None, m.value().decode(),
+                                        m.partition(), m.offset()))
+    finally:
+        consumer.close()
+    return out

@@ -708,6 +708,16 @@ class ResponseSplitter:
                 if run >= 0:
                     out.append(mv[run:pos])
                     run = -1
+                if in_chunk and n - pos >= 4 + length:
+                    # The whole frame is in this chunk: rewrite it in place,
+                    # without collecting a copy.
+                    payload = mv[pos + 4 : pos + 4 + length]
+                    pos += 4 + length
+                    if not self._emit_rewrite(out, payload):
+                        if pos < n:
+                            self._backlog.append(bytes(mv[pos:]))
+                        return
+                    continue
                 if in_chunk:
                     pos += 4  # the length prefix is recomputed
                     self._frame = bytearray()
@@ -743,14 +753,18 @@ class ResponseSplitter:
                 side="broker",
             )
 
-    def _emit_rewrite(self, out: list[Buffer]) -> bool:
-        """Rewrite the collected frame into ``out``; False if stalled."""
+    def _emit_rewrite(self, out: list[Buffer], payload: Buffer | None = None) -> bool:
+        """Rewrite a whole frame's payload (default: the collected one) into
+        ``out``; False if stalled (the payload is then kept for resume)."""
         api_key, api_version = self._api
         assert self.rewriter is not None
-        payload = self._frame
+        if payload is None:
+            payload = self._frame
         try:
             result = self.rewriter.rewrite(api_key, api_version, payload)
         except UnknownBroker as e:
+            if payload is not self._frame:
+                self._frame = bytearray(payload)
             self._stalled = e
             self._state = _STALLED
             return False

@@ -34,6 +34,9 @@ section (Raft) is optional. Every error names the offending field::
 
     [fleet]
     password_env = "KPROXY_RAFT_PASSWORD"
+
+    [debug]
+    tap_dir = "/tmp/tap"                 # tests only: copy every byte sent to clients here
 """
 
 from __future__ import annotations
@@ -111,6 +114,7 @@ class Config:
     log_format: str = "json"
     admin_token: str | None = None
     fleet: FleetConfig | None = None
+    tap_dir: str | None = None
     source: str = "<memory>"
 
     def node(self, node_id: str) -> NodeConfig:
@@ -213,7 +217,7 @@ def _secret(section: Mapping[str, Any], name: str, path: str, env: Mapping[str, 
 
 def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, source: str = "<memory>") -> Config:
     env = os.environ if env is None else env
-    known = {"upstream", "ports", "nodes", "limits", "logging", "admin", "fleet"}
+    known = {"upstream", "ports", "nodes", "limits", "logging", "admin", "fleet", "debug"}
     for key in raw:
         if key not in known:
             raise ConfigError(key, f"unknown section (expected one of {sorted(known)})")
@@ -324,7 +328,11 @@ def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, sourc
                 raise ConfigError(f"nodes[{i}].{key}", f"port {p} collides with the broker identity ports")
         _check_ip(n.host, f"nodes[{i}].host")
 
+    debug_raw = _get(raw, "debug", "debug", dict, {})
+    tap_dir = _get(debug_raw, "tap_dir", "debug.tap_dir", str, None)
+
     return Config(
+        tap_dir=tap_dir,
         nodes=tuple(nodes), upstream=upstream, refresh_interval_s=refresh, port_base=base, port_map=port_map,
         limits=limits, log_level=level, log_format=fmt, admin_token=token, fleet=fleet, source=source,
     )

@@ -29,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import os
 import time
 from typing import Callable, Mapping, Protocol
 
@@ -88,7 +89,8 @@ class _Pair:
     """One client connection and its upstream connection."""
 
     __slots__ = ("node", "listener", "client", "upstream", "codec", "closed", "draining", "peer", "upstream_addr",
-                 "_pending")
+                 "_pending", "tap")
+    _ids = itertools.count()
 
     def __init__(self, node: "ProxyNode", listener: int) -> None:
         self.node = node
@@ -101,6 +103,10 @@ class _Pair:
         self.peer = "?"
         self.upstream_addr: HostPort | None = None
         self._pending: list[bytes] = []
+        self.tap = None
+        if node.config.tap_dir:
+            path = f"{node.config.tap_dir}/{node.local.id}-{os.getpid()}-{next(self._ids)}.bin"
+            self.tap = open(path, "wb")
 
     def close(self, reason: str, *, level: int = logging.DEBUG) -> None:
         if self.closed:
@@ -112,6 +118,8 @@ class _Pair:
                 t.close()  # flushes what is buffered, then FIN
         self.node._pairs.discard(self)
         self.node.metrics.active.dec()
+        if self.tap is not None:
+            self.tap.close()
 
     def abort(self, reason: str) -> None:
         if not self.closed:
@@ -200,6 +208,8 @@ class UpstreamSide(asyncio.Protocol):
         node.metrics.bytes_down.inc(len(data))
         if out and pair.client is not None:
             pair.client.writelines(out)
+            if pair.tap is not None:
+                pair.tap.writelines(out)
         stalled = pair.codec.responses.stalled
         if stalled is not None:
             assert pair.upstream is not None
@@ -383,6 +393,8 @@ class ProxyNode:
             return
         if out and pair.client is not None:
             pair.client.writelines(out)
+            if pair.tap is not None:
+                pair.tap.writelines(out)
         if pair.upstream is not None:
             pair.upstream.resume_reading()
 

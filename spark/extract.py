@@ -53,6 +53,7 @@ class Trace:
 
     events: DataFrame
     format: str
+    root: str
     files: tuple[str, ...]
     count: int
     _persisted: DataFrame | None = None
@@ -123,7 +124,7 @@ def _read_jsonl(spark: SparkSession, root: Path, files: tuple[Path, ...]) -> Tra
         path = _local_path(bad_file)
         error = _first_bad_line([path, *files])
         raise error or TraceFormatError(path, None, "an event lacks ts_ns/run_id/source/event or has an unknown event")
-    return Trace(cached.select(*COLUMNS), JSONL, tuple(map(str, files)), count, cached)
+    return Trace(cached.select(*COLUMNS), JSONL, str(root), tuple(map(str, files)), count, cached)
 
 
 def _first_bad_line(paths: Iterable[Path]) -> TraceFormatError | None:
@@ -157,7 +158,7 @@ def _read_parquet(spark: SparkSession, root: Path, files: tuple[Path, ...]) -> T
     if bad_file is not None:
         path = _local_path(bad_file)
         raise TraceFormatError(path, None, f"row {_first_bad_row(path)}: an event lacks ts_ns/run_id/source/event or has an unknown event")
-    return Trace(df.select(*COLUMNS), PARQUET, tuple(map(str, files)), count)
+    return Trace(df.select(*COLUMNS), PARQUET, str(root), tuple(map(str, files)), count)
 
 
 def _check_parquet_schema(path: Path) -> None:

@@ -46,3 +46,26 @@ def kafka_cluster(tmp_path_factory):
 def topic_name(request) -> str:
     base = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
     return f"{base}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture(scope="session")
+def tap_dir(tmp_path_factory):
+    """Every byte the session proxy sends to clients lands here (leak check)."""
+    return tmp_path_factory.mktemp("tap")
+
+
+@pytest.fixture(scope="session")
+def proxy(kafka_cluster, tmp_path_factory, tap_dir):
+    """One proxy node (no fleet) on 127.0.0.21 in front of the session cluster."""
+    from chaos.proxies import NodeProcess, fleet_config
+
+    d = tmp_path_factory.mktemp("proxy")
+    cfg = fleet_config(d / "fleet.toml", kafka_cluster.bootstrap, 1, first_ip=21, fleet=False,
+                       tap_dir=str(tap_dir))
+    node = NodeProcess(cfg, "p1", "127.0.0.21", 9400, d / "p1.log").start()
+    try:
+        node.wait_ready(60)
+        node.bootstrap = "127.0.0.21:9092"  # type: ignore[attr-defined]
+        yield node
+    finally:
+        node.stop()

@@ -455,3 +455,15 @@ def test_connection_codec_idle_tracks_in_flight() -> None:
     assert codec.idle
     _, body = fx.decode_response(type(meta_v1), joined(out))
     assert [(b.node_id, b.host, b.port) for b in body.brokers] == [(1, "proxy.local", 30001)]
+
+
+def test_splitter_rewrites_a_whole_frame_in_place() -> None:
+    # Metadata frame entirely inside one chunk: the rewritten frame's tail
+    # (the topics) is a view of that chunk, not a copy.
+    meta, expected_meta = metadata_fixture(2)
+    chunk = produce_response_frame(1) + meta
+    splitter = splitter_with((1, 0, 9), (2, 3, 12), rewriter=ResponseRewriter(proxy_address))
+    out = splitter.feed(chunk)
+    assert joined(out) == produce_response_frame(1) + expected_meta
+    assert isinstance(out[-1], memoryview) and out[-1].obj is chunk
+    assert out[1] == I32.pack(len(expected_meta) - 4)  # corrected length prefix

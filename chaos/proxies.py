@@ -1,0 +1,193 @@
+"""Proxy node processes on their own loopback addresses (127.0.0.11, .12, …).
+
+``fleet_config`` writes the one TOML file that describes a fleet (every node
+reads the same file and picks itself with ``--node``); ``NodeProcess`` starts
+``kproxy run`` for one node, waits until its admin endpoint says ready, and
+signals or stops it by PID.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import tomli_w
+
+SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP, "CONT": signal.SIGCONT, "TERM": signal.SIGTERM}
+BOOTSTRAP_PORT = 9092
+PORT_BASE = 9100  # broker B is served on 9100 + B by every node
+ADMIN_PORT = 9400
+RAFT_PORT = 9500
+
+
+class ProxyProcessError(RuntimeError):
+    pass
+
+
+def node_ip(index: int, first: int = 11) -> str:
+    """Node ``index`` (0-based) gets 127.0.0.<first+index>."""
+    return f"127.0.0.{first + index}"
+
+
+def fleet_config(path: str | os.PathLike[str], upstream: list[str], proxies: int, *, first_ip: int = 11,
+                 fleet: bool = True, racks: list[str] | None = None, tap_dir: str | None = None,
+                 bootstrap_port: int = BOOTSTRAP_PORT, port_base: int = PORT_BASE, admin_port: int = ADMIN_PORT,
+                 raft_port: int = RAFT_PORT, log_format: str = "json", extra: dict[str, Any] | None = None) -> Path:
+    """Write the fleet's TOML. Secrets go to ``<path>.env`` (0600), never into the TOML."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nodes = []
+    for i in range(proxies):
+        node: dict[str, Any] = {"id": f"p{i + 1}", "host": node_ip(i, first_ip), "bootstrap_port": bootstrap_port,
+                                "admin_port": admin_port}
+        if fleet:
+            node["raft_port"] = raft_port
+        if racks:
+            node["rack"] = racks[i % len(racks)]
+        nodes.append(node)
+    doc: dict[str, Any] = {
+        "upstream": {"bootstrap": list(upstream), "refresh_interval_s": 5.0},
+        "ports": {"base": port_base},
+        "nodes": nodes,
+        "logging": {"level": "INFO", "format": log_format},
+        "admin": {"token_env": "KPROXY_ADMIN_TOKEN"},
+    }
+    if fleet:
+        doc["fleet"] = {"password_env": "KPROXY_RAFT_PASSWORD"}
+    if tap_dir:
+        doc["debug"] = {"tap_dir": tap_dir}
+    for section, values in (extra or {}).items():
+        doc.setdefault(section, {}).update(values)
+    path.write_text(tomli_w.dumps(doc))
+    env_path = env_file(path)
+    if not env_path.exists():
+        env_path.write_text(f"KPROXY_ADMIN_TOKEN={secrets.token_urlsafe(24)}\n"
+                            f"KPROXY_RAFT_PASSWORD={secrets.token_urlsafe(24)}\n")
+        env_path.chmod(0o600)
+    return path
+
+
+def env_file(config_path: Path) -> Path:
+    return config_path.with_suffix(".env")
+
+
+def read_env(config_path: str | os.PathLike[str]) -> dict[str, str]:
+    out = {}
+    for line in env_file(Path(config_path)).read_text().splitlines():
+        if "=" in line:
+            k, _, v = line.partition("=")
+            out[k.strip()] = v.strip()
+    return out
+
+
+class NodeProcess:
+    """One ``kproxy run`` process."""
+
+    def __init__(self, config_path: str | os.PathLike[str], node_id: str, host: str, admin_port: int,
+                 log_path: str | os.PathLike[str], pid: int | None = None) -> None:
+        self.config_path = Path(config_path).resolve()
+        self.node_id = node_id
+        self.host = host
+        self.admin_port = admin_port
+        self.log_path = Path(log_path)
+        self.pid = pid
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{self.host}:{self.admin_port}"
+
+    def start(self) -> "NodeProcess":
+        if self.alive():
+            raise ProxyProcessError(f"node {self.node_id} is already running (pid {self.pid})")
+        env = dict(os.environ)
+        env.update(read_env(self.config_path))
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "cli.main", "run", "--config", str(self.config_path), "--node", self.node_id],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+        log.close()
+        self.pid = self._proc.pid
+        return self
+
+    def alive(self) -> bool:
+        if self.pid is None:
+            return False
+        try:
+            p = psutil.Process(self.pid)
+            if p.status() == psutil.STATUS_ZOMBIE:
+                return False
+            cmd = p.cmdline()
+        except psutil.NoSuchProcess:
+            return False
+        return str(self.config_path) in cmd and self.node_id in cmd
+
+    def get(self, path: str, timeout: float = 2.0) -> httpx.Response:
+        return httpx.get(self.admin_url + path, timeout=timeout)
+
+    def post(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> httpx.Response:
+        token = read_env(self.config_path)["KPROXY_ADMIN_TOKEN"]
+        return httpx.post(self.admin_url + path, json=body or {}, timeout=timeout,
+                          headers={"Authorization": f"Bearer {token}"})
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ProxyProcessError(f"node {self.node_id} exited:\n{self.log_tail()}")
+            try:
+                if self.get("/readyz", timeout=1.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        raise ProxyProcessError(f"node {self.node_id} not ready within {timeout}s:\n{self.log_tail()}")
+
+    def signal(self, name: str) -> None:
+        if not self.alive():
+            raise ProxyProcessError(f"node {self.node_id} is not running")
+        assert self.pid is not None
+        os.kill(self.pid, SIGNALS[name])
+        if name == "KILL":
+            self.wait_gone(10.0)
+
+    def wait_gone(self, timeout: float) -> bool:
+        if self.pid is None:
+            return True
+        if self._proc is not None:
+            try:
+                self._proc.wait(timeout)
+                return True
+            except subprocess.TimeoutExpired:
+                return False
+        try:
+            psutil.Process(self.pid).wait(timeout)
+        except psutil.NoSuchProcess:
+            pass
+        except psutil.TimeoutExpired:
+            return False
+        return True
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if not self.alive():
+            return
+        assert self.pid is not None
+        os.kill(self.pid, signal.SIGCONT)
+        os.kill(self.pid, signal.SIGTERM)
+        if not self.wait_gone(timeout):
+            os.kill(self.pid, signal.SIGKILL)
+            self.wait_gone(10.0)
+
+    def log_tail(self, lines: int = 40) -> str:
+        if not self.log_path.exists():
+            return "(no log)"
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

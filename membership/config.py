@@ -1,0 +1,252 @@
+"""Configuration of one fleet member, validated like ``SyncObjConf.validate``.
+
+Defaults are tuned for a LAN/loopback fleet (DESIGN §9): a dead process is
+seen in ~0.1 s (its heartbeat port refuses), a frozen or partitioned one after
+``suspect_timeout`` (1.0 s), a lost leader is replaced after 0.3–0.6 s.
+
+Relationships enforced (each error names the field):
+
+* ``password`` is required: pysyncobj sends pickles, so anyone who can reach
+  an unauthenticated Raft port can run code in the proxy.
+* ``autotick_period <= append_entries_period``: the tick thread must wake at
+  least once per heartbeat period.
+* ``raft_min_timeout > 3 * append_entries_period`` and
+  ``raft_max_timeout > raft_min_timeout`` (pysyncobj's own rules).
+* ``connection_timeout >= raft_max_timeout`` (pysyncobj) and
+  ``leader_fallback_timeout > 2 * append_entries_period``.
+* ``heartbeat_interval >= autotick_period`` and
+  ``suspect_timeout >= 3 * heartbeat_interval`` (two lost datagrams never
+  make a node dead).
+* ``quorum_lease >= 2 * raft_max_timeout``: an ordinary election never sends
+  a node into degraded mode.
+* ``commit_timeout > raft_max_timeout``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from topology import PortScheme, ProxyId, ProxyNode, validate_addresses
+
+
+class ConfigError(ValueError):
+    """A membership configuration value is missing or inconsistent."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+@attrs.frozen(slots=True)
+class MemberSpec:
+    """One fleet member: how clients see it (``node``) and where its Raft and
+    heartbeat endpoints are. The heartbeat is UDP on ``raft_host`` at
+    ``heartbeat_port`` (default: the Raft port number, UDP and TCP being
+    separate port spaces)."""
+
+    node: ProxyNode
+    raft_host: str
+    raft_port: int
+    heartbeat_port: int | None = None
+
+    @property
+    def id(self) -> ProxyId:
+        return self.node.id
+
+    @property
+    def raft_address(self) -> str:
+        return f"{self.raft_host}:{self.raft_port}"
+
+    @property
+    def heartbeat_address(self) -> tuple[str, int]:
+        return (self.raft_host, self.raft_port if self.heartbeat_port is None else self.heartbeat_port)
+
+
+def _members(value) -> tuple[MemberSpec, ...]:
+    return tuple(value)
+
+
+@attrs.frozen(slots=True)
+class MemberConfig:
+    node_id: ProxyId
+    members: tuple[MemberSpec, ...] = attrs.field(converter=_members)
+    password: str | None = None
+    # Raft (pysyncobj)
+    raft_min_timeout: float = 0.3
+    raft_max_timeout: float = 0.6
+    append_entries_period: float = 0.05
+    autotick_period: float = 0.05
+    connection_timeout: float = 1.0
+    connection_retry_time: float = 0.25
+    leader_fallback_timeout: float = 1.0
+    # Failure detection and reassignment
+    heartbeat_interval: float = 0.1
+    suspect_timeout: float = 1.0
+    rebalance_delay: float = 1.0
+    quorum_lease: float = 1.5
+    commit_timeout: float = 5.0
+
+    def __attrs_post_init__(self) -> None:
+        self.validate()
+
+    # ---- validation ------------------------------------------------------------------------
+
+    def validate(self) -> None:
+        if not isinstance(self.password, str) or not self.password:
+            raise ConfigError(
+                "password",
+                "is required (pysyncobj sends pickles between members; without a shared "
+                "password anyone who reaches the Raft port can run code in the proxy)",
+            )
+        for name in (
+            "raft_min_timeout",
+            "raft_max_timeout",
+            "append_entries_period",
+            "autotick_period",
+            "connection_timeout",
+            "connection_retry_time",
+            "leader_fallback_timeout",
+            "heartbeat_interval",
+            "suspect_timeout",
+            "quorum_lease",
+            "commit_timeout",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value <= 0:
+                raise ConfigError(name, f"must be a number > 0, got {value!r}")
+        if not isinstance(self.rebalance_delay, (int, float)) or self.rebalance_delay < 0:
+            raise ConfigError("rebalance_delay", f"must be >= 0, got {self.rebalance_delay!r}")
+
+        def need(ok: bool, field: str, message: str) -> None:
+            if not ok:
+                raise ConfigError(field, message)
+
+        aep = self.append_entries_period
+        need(self.autotick_period <= aep, "autotick_period", f"must be <= append_entries_period ({aep})")
+        need(self.raft_min_timeout > 3 * aep, "raft_min_timeout", f"must be > 3 * append_entries_period ({3 * aep})")
+        need(
+            self.raft_max_timeout > self.raft_min_timeout,
+            "raft_max_timeout",
+            f"must be > raft_min_timeout ({self.raft_min_timeout})",
+        )
+        need(
+            self.connection_timeout >= self.raft_max_timeout,
+            "connection_timeout",
+            f"must be >= raft_max_timeout ({self.raft_max_timeout})",
+        )
+        need(
+            self.leader_fallback_timeout > 2 * aep,
+            "leader_fallback_timeout",
+            f"must be > 2 * append_entries_period ({2 * aep})",
+        )
+        need(
+            self.heartbeat_interval >= self.autotick_period,
+            "heartbeat_interval",
+            f"must be >= autotick_period ({self.autotick_period})",
+        )
+        need(
+            self.suspect_timeout >= 3 * self.heartbeat_interval,
+            "suspect_timeout",
+            f"must be >= 3 * heartbeat_interval ({3 * self.heartbeat_interval})",
+        )
+        need(
+            self.quorum_lease >= 2 * self.raft_max_timeout,
+            "quorum_lease",
+            f"must be >= 2 * raft_max_timeout ({2 * self.raft_max_timeout})",
+        )
+        need(
+            self.commit_timeout > self.raft_max_timeout,
+            "commit_timeout",
+            f"must be > raft_max_timeout ({self.raft_max_timeout})",
+        )
+
+        need(bool(self.members), "members", "must name at least this node")
+        ids = [m.id for m in self.members]
+        need(len(set(ids)) == len(ids), "members", f"duplicate node ids in {ids}")
+        need(self.node_id in ids, "node_id", f"{self.node_id!r} is not one of the members {ids}")
+        raft = [m.raft_address for m in self.members]
+        need(len(set(raft)) == len(raft), "members", f"two members share a Raft address: {raft}")
+        hb = [m.heartbeat_address for m in self.members]
+        need(len(set(hb)) == len(hb), "members", f"two members share a heartbeat address: {hb}")
+        try:
+            validate_addresses([m.node for m in self.members], [])
+        except ValueError as exc:
+            raise ConfigError("members", str(exc)) from None
+
+    # ---- accessors -------------------------------------------------------------------------
+
+    @property
+    def me(self) -> MemberSpec:
+        return next(m for m in self.members if m.id == self.node_id)
+
+    @property
+    def peers(self) -> tuple[MemberSpec, ...]:
+        return tuple(m for m in self.members if m.id != self.node_id)
+
+    def spec(self, node_id: str) -> MemberSpec:
+        return next(m for m in self.members if m.id == node_id)
+
+    def nodes(self) -> dict[ProxyId, ProxyNode]:
+        return {m.id: m.node for m in self.members}
+
+    # ---- (de)serialisation -----------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], node_id: str | None = None) -> MemberConfig:
+        data = dict(data)
+        members = []
+        for raw in data.pop("members", []):
+            raw = dict(raw)
+            ports = raw.pop("ports", None)
+            scheme = None
+            if isinstance(ports, Mapping):
+                scheme = PortScheme(
+                    base=ports.get("base"),
+                    explicit={int(k): int(v) for k, v in (ports.get("explicit") or {}).items()},
+                )
+            node_kwargs = {
+                "id": raw.pop("id"),
+                "host": raw.pop("host"),
+                "bootstrap_port": raw.pop("bootstrap_port"),
+                "rack": raw.pop("rack", None),
+            }
+            if scheme is not None:
+                node_kwargs["ports"] = scheme
+            members.append(MemberSpec(node=ProxyNode(**node_kwargs), **raw))
+        if node_id is not None:
+            data["node_id"] = node_id
+        if "node_id" not in data:
+            raise ConfigError("node_id", "is required")
+        fields = {f.name for f in attrs.fields(cls)}
+        unknown = set(data) - fields
+        if unknown:
+            raise ConfigError(sorted(unknown)[0], "unknown configuration key")
+        return cls(members=members, **data)
+
+    @classmethod
+    def from_json_file(cls, path: str | Path, node_id: str | None = None) -> MemberConfig:
+        return cls.from_dict(json.loads(Path(path).read_text()), node_id=node_id)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            f.name: getattr(self, f.name) for f in attrs.fields(type(self)) if f.name != "members"
+        }
+        out["members"] = [
+            {
+                "id": m.node.id,
+                "host": m.node.host,
+                "bootstrap_port": m.node.bootstrap_port,
+                "rack": m.node.rack,
+                "ports": {"base": m.node.ports.base, "explicit": {str(b): p for b, p in m.node.ports.explicit}},
+                "raft_host": m.raft_host,
+                "raft_port": m.raft_port,
+                "heartbeat_port": m.heartbeat_port,
+            }
+            for m in self.members
+        ]
+        return out

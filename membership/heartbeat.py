@@ -1,0 +1,230 @@
+"""UDP heartbeats between fleet members: the failure detector's input.
+
+Why our own heartbeat rather than pysyncobj's connection state (measured with
+pysyncobj 0.3.17): ``partner_node_status_server_<addr>`` / ``isNodeConnected``
+drops at once when a peer process dies (the kernel resets the TCP
+connection), but it is checked only when a socket has an event: an idle
+follower-to-follower connection to a frozen (SIGSTOP) peer stays "connected"
+forever, the leader's view of a frozen follower depends on
+``connection_timeout`` (which must also be >= the election timeout), and the
+view differs by Raft role. A heartbeat gives every node the same kind of view
+of every peer, whatever the roles, with its own timeout:
+
+* every ``interval`` each node sends one small authenticated datagram to each
+  peer from a socket *connected* to that peer;
+* a peer whose process died makes its host answer ICMP "port unreachable":
+  the connected socket reports ``ECONNREFUSED`` (the poller sees an error
+  event at once), so process death is seen within one interval (~0.1 s);
+* a frozen or partitioned peer just stops sending: it is dead after
+  ``suspect_timeout`` without a datagram from it.
+
+Datagrams carry the sender's id, a per-process incarnation and a sequence
+number, authenticated with HMAC-SHA256 under a key derived from the fleet
+password; a datagram must also come from the peer's configured host (when that
+is an IP literal). Everything runs on the pysyncobj tick thread: the sockets
+are registered with its poller, so no extra thread is needed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import os
+import socket
+import struct
+import time
+from collections.abc import Callable, Mapping
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"KPH1"
+MAC_BYTES = 16
+MAX_DATAGRAM = 512
+# Datagrams read per readiness event: bounds the work of one tick.
+MAX_READS_PER_EVENT = 64
+
+
+def heartbeat_key(password: str) -> bytes:
+    return hashlib.sha256(b"kproxy-heartbeat\0" + password.encode()).digest()
+
+
+def encode(key: bytes, node_id: str, incarnation: bytes, seq: int) -> bytes:
+    nid = node_id.encode()
+    body = MAGIC + incarnation + struct.pack("!QB", seq, len(nid)) + nid
+    return body + hmac.new(key, body, hashlib.sha256).digest()[:MAC_BYTES]
+
+
+def decode(key: bytes, data: bytes) -> tuple[str, bytes, int] | None:
+    """(node_id, incarnation, seq) or None when malformed or not authentic."""
+    head = len(MAGIC) + 8 + 9
+    if len(data) < head + MAC_BYTES or not data.startswith(MAGIC):
+        return None
+    body, mac = data[:-MAC_BYTES], data[-MAC_BYTES:]
+    if not hmac.compare_digest(mac, hmac.new(key, body, hashlib.sha256).digest()[:MAC_BYTES]):
+        return None
+    incarnation = body[len(MAGIC) : len(MAGIC) + 8]
+    seq, n = struct.unpack("!QB", body[len(MAGIC) + 8 : head])
+    if len(body) != head + n:
+        return None
+    try:
+        return body[head:].decode(), incarnation, seq
+    except UnicodeDecodeError:
+        return None
+
+
+def _ip_or_none(host: str) -> str | None:
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return None
+
+
+class Heartbeat:
+    def __init__(
+        self,
+        self_id: str,
+        bind: tuple[str, int],
+        peers: Mapping[str, tuple[str, int]],
+        password: str,
+        interval: float,
+        suspect_timeout: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.self_id = self_id
+        self.bind = bind
+        self.peers = dict(peers)
+        self.interval = interval
+        self.suspect_timeout = suspect_timeout
+        self.clock = clock
+        self._key = heartbeat_key(password)
+        self._incarnation = os.urandom(8)
+        self._seq = 0
+        self._next_send = 0.0
+        self._recv: socket.socket | None = None
+        self._send: dict[str, socket.socket] = {}
+        self._heard: dict[str, float] = {}
+        self._refused: dict[str, float] = {}
+        self._last: dict[str, tuple[bytes, int]] = {}
+        self._peer_ip = {p: _ip_or_none(addr[0]) for p, addr in self.peers.items()}
+        self.rejected = 0  # datagrams that failed authentication or origin checks
+
+    # ---- sockets -----------------------------------------------------------------------------
+
+    def open(self) -> None:
+        host, port = self.bind
+        recv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            recv.bind((host, port))
+        except OSError:
+            recv.close()
+            raise
+        recv.setblocking(False)
+        self._recv = recv
+        for peer, addr in sorted(self.peers.items()):
+            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s.setblocking(False)
+            s.bind((host, 0))  # our own address as the source, never another alias
+            s.connect(addr)
+            self._send[peer] = s
+
+    def close(self) -> None:
+        for s in [self._recv, *self._send.values()]:
+            if s is not None:
+                s.close()
+        self._recv = None
+        self._send.clear()
+
+    def registrations(self) -> list[tuple[int, Callable[[int, int], None]]]:
+        """(fd, callback(fd, event)) pairs for a pysyncobj poller."""
+        assert self._recv is not None, "open() first"
+        regs = [(self._recv.fileno(), lambda _fd, _ev: self.on_readable())]
+        for peer, s in self._send.items():
+            regs.append((s.fileno(), lambda _fd, _ev, peer=peer: self.on_peer_event(peer)))
+        return regs
+
+    # ---- events ------------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        if now < self._next_send:
+            return
+        self._next_send = now + self.interval
+        self._seq += 1
+        data = encode(self._key, self.self_id, self._incarnation, self._seq)
+        for peer, s in self._send.items():
+            try:
+                s.send(data)
+            except ConnectionRefusedError:
+                self._refused[peer] = now
+            except OSError as exc:  # buffer full, no route: a missed beat, nothing more
+                log.debug("heartbeat to %s failed: %s", peer, exc)
+
+    def on_readable(self) -> None:
+        if self._recv is None:
+            return
+        now = self.clock()
+        for _ in range(MAX_READS_PER_EVENT):
+            try:
+                data, (ip, _port) = self._recv.recvfrom(MAX_DATAGRAM)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.debug("heartbeat recv: %s", exc)
+                return
+            self.receive(data, ip, now)
+
+    def receive(self, data: bytes, ip: str, now: float) -> None:
+        msg = decode(self._key, data)
+        if msg is None:
+            self.rejected += 1
+            return
+        peer, incarnation, seq = msg
+        if peer not in self.peers or (self._peer_ip[peer] is not None and self._peer_ip[peer] != ip):
+            self.rejected += 1
+            return
+        last = self._last.get(peer)
+        if last is not None and last[0] == incarnation and seq <= last[1]:
+            return  # duplicate or reordered: no news
+        self._last[peer] = (incarnation, seq)
+        self._heard[peer] = now
+
+    def on_peer_event(self, peer: str) -> None:
+        s = self._send.get(peer)
+        if s is None:
+            return
+        for _ in range(MAX_READS_PER_EVENT):
+            try:
+                s.recv(MAX_DATAGRAM)  # nobody should send here; this surfaces a pending error
+            except ConnectionRefusedError:
+                self._refused[peer] = self.clock()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                log.debug("heartbeat socket of %s: %s", peer, exc)
+                return
+
+    # ---- view --------------------------------------------------------------------------------
+
+    def is_live(self, peer: str, now: float) -> bool:
+        if peer == self.self_id:
+            return True
+        heard = self._heard.get(peer)
+        if heard is None or now - heard > self.suspect_timeout:
+            return False
+        return heard > self._refused.get(peer, float("-inf"))
+
+    def live(self, now: float) -> frozenset[str]:
+        return frozenset([self.self_id, *(p for p in self.peers if self.is_live(p, now))])
+
+    def peer_status(self, now: float) -> dict[str, dict[str, object]]:
+        out: dict[str, dict[str, object]] = {}
+        for p in sorted(self.peers):
+            heard = self._heard.get(p)
+            refused = self._refused.get(p)
+            out[p] = {
+                "live": self.is_live(p, now),
+                "last_heard_ms_ago": None if heard is None else round((now - heard) * 1000, 1),
+                "refused_ms_ago": None if refused is None else round((now - refused) * 1000, 1),
+            }
+        return out

@@ -1,0 +1,85 @@
+"""A readable summary of a report dict: rich renderables, and the same as plain text."""
+
+from __future__ import annotations
+
+import io
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+MAX_KEYS_SHOWN = 10
+TEXT_WIDTH = 110
+
+
+def _ms(value: Any) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def _keys(keys: list[str], count: int) -> str:
+    shown = ", ".join(keys[:MAX_KEYS_SHOWN])
+    more = count - min(len(keys), MAX_KEYS_SHOWN)
+    return shown + (f", ... ({more} more)" if more > 0 else "")
+
+
+def render(report: dict[str, Any]) -> RenderableType:
+    runs = report["runs"]
+    head = Text.assemble(
+        ("kproxy failover report", "bold"),
+        f"  {report['trace_dir']}\n",
+        f"{report['events']} events in {report['files']} {report['format']} file(s), "
+        f"{len(runs)} run(s), {len(report['faults'])} fault(s)",
+    )
+
+    rto = Table(title="RTO (ms) per fault and client family", title_justify="left")
+    for name in ("fault", "family", "clients", "p50", "p99", "max", "unrecovered"):
+        rto.add_column(name, justify="left" if name in ("fault", "family") else "right")
+    for fault, families in sorted(report["rto_ms"].items()):
+        for family, s in sorted(families.items()):
+            rto.add_row(fault, family, str(s["clients"]), _ms(s["p50"]), _ms(s["p99"]), _ms(s["max"]), str(s["unrecovered"]))
+
+    phases = Table(title="Detection and commit (ms) per fault type: p50 / p99 / max", title_justify="left")
+    for name in ("fault", "faults", "detect", "commit", "fault->commit"):
+        phases.add_column(name, justify="left" if name == "fault" else "right")
+    for fault in sorted(report["detect_ms"]):
+        row = [fault, str(report["detect_ms"][fault]["faults"])]
+        for phase in ("detect_ms", "commit_ms", "failover_ms"):
+            s = report[phase][fault]
+            row.append(f"{_ms(s['p50'])} / {_ms(s['p99'])} / {_ms(s['max'])}  (n={s['n']})")
+        phases.add_row(*row)
+
+    lost, dup = report["lost"], report["duplicated"]
+    records = Table(title="Records", title_justify="left", show_header=False)
+    records.add_column("what")
+    records.add_column("count", justify="right")
+    records.add_column("keys")
+    records.add_row("lost (acked, never consumed)", str(lost["count"]), _keys(lost["keys"], lost["count"]))
+    records.add_row(
+        "duplicated (consumed twice by one group)", str(dup["count"]), _keys(dup["keys"], dup["count"])
+    )
+    records.add_row("consumed without an ack (not an error)", str(report["unacked_consumed"]["count"]), "")
+
+    parts: list[RenderableType] = [head, rto, phases, records]
+    if report["unrecovered"]:
+        parts.append(
+            Text(
+                f"{len(report['unrecovered'])} client(s) did not recover inside their drill: "
+                + ", ".join(f"{u['client_id']} (run {u['run_id']} #{u['fault_idx']})" for u in report["unrecovered"][:5]),
+                style="yellow",
+            )
+        )
+    parts.append(Text("plots: " + ", ".join(report["plots"].values())))
+    if report["healthy"]:
+        parts.append(Text("HEALTHY: no lost and no duplicated records", style="bold green"))
+    else:
+        parts.append(
+            Text(f"UNHEALTHY: {lost['count']} lost, {dup['count']} duplicated record(s)", style="bold red")
+        )
+    return Group(*parts)
+
+
+def to_text(report: dict[str, Any]) -> str:
+    buffer = io.StringIO()
+    Console(file=buffer, width=TEXT_WIDTH, color_system=None, force_terminal=False).print(render(report))
+    return buffer.getvalue()

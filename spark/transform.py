@@ -1,0 +1,371 @@
+"""Transform: DataFrame -> DataFrame, one function per measure of DESIGN §7.
+
+Every function takes the events DataFrame (schema ``spark.schema.TRACE_SCHEMA``)
+or the output of another function here, and returns a DataFrame; none collects
+to the driver or touches a file. Only built-in Spark SQL expressions are used
+(no Python UDFs), so the jobs run unchanged on a cluster whose executors have
+no copy of this code.
+
+Definitions (the words used in every report):
+
+fault window
+    Each ``fault`` event belongs to the drill that brackets it. Boundaries are
+    the run's drill_start, fault and drill_end events in time order; a fault's
+    window runs from the boundary just before it (its drill_start) to the one
+    just after it (its drill_end). A fault without brackets is bounded by the
+    neighbouring faults, or by the run's first and last event.
+
+RTO of one client for one fault
+    Success events are ``ack`` (producer) and ``consume`` (consumer). The gap
+    is the interval between the client's last success at or before the fault
+    instant and its first success after it. No success after it inside the
+    window: the gap ends at the window end and ``recovered`` is false. No
+    success before it: the gap starts at the client's first event. A client
+    takes part in a fault if its first event is at or before the fault
+    instant and its last event is at or after the window start.
+
+detect / commit
+    detect_ms: fault -> the first node_down in the window at or after it.
+    commit_ms: that node_down (or the fault, when nothing was detected, e.g. a
+    drain) -> the first assignment_committed in the window at or after it.
+    failover_ms: fault -> that commit.
+
+records, lost, duplicated
+    A record is (run_id, topic, key, seq). Lost: acknowledged to a producer
+    and consumed by no consumer group of the topic. Duplicated: consumed more
+    than once by one group (a consumer without a group is its own group).
+    Unacked-consumed: consumed although no ack was seen (at-least-once retry
+    whose ack was lost; not an error).
+
+throughput timeline
+    acks and consumes per 100 ms bucket counted from the run's first event,
+    every bucket present (zeros included), with the faults injected in it.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+NS_PER_MS = 1_000_000
+BUCKET_MS = 100
+SUCCESS_EVENTS = ("ack", "consume")
+_BOUNDARIES = {"drill_start": 0, "fault": 1, "drill_end": 2}
+_FAULT_KEY = ("run_id", "fault_idx", "fault", "node", "fault_ts_ns", "window_start_ns", "window_end_ns")
+RECORD_KEY = ("run_id", "topic", "key", "seq")
+
+
+def _ms(ns: Column) -> Column:
+    return ns.cast("double") / F.lit(float(NS_PER_MS))
+
+
+def _is_client() -> Column:
+    return F.col("source") == "client"
+
+
+def _is_fleet() -> Column:
+    return F.col("source") == "fleet"
+
+
+# -- runs and faults ------------------------------------------------------------
+
+
+def runs(events: DataFrame) -> DataFrame:
+    """One row per run: run_id, start_ns, end_ns, duration_ms, events, clients, faults."""
+    return (
+        events.groupBy("run_id")
+        .agg(
+            F.min("ts_ns").alias("start_ns"),
+            F.max("ts_ns").alias("end_ns"),
+            F.count(F.lit(1)).alias("events"),
+            F.count_distinct(F.when(_is_client(), F.col("client_id"))).alias("clients"),
+            F.sum(F.when(_is_fleet() & (F.col("event") == "fault"), 1).otherwise(0)).cast("long").alias("faults"),
+        )
+        .withColumn("duration_ms", _ms(F.col("end_ns") - F.col("start_ns")))
+        .select("run_id", "start_ns", "end_ns", "duration_ms", "events", "clients", "faults")
+    )
+
+
+def fault_windows(events: DataFrame, run_table: DataFrame | None = None) -> DataFrame:
+    """One row per fault: run_id, fault_idx (0-based, time order), fault, node,
+    fault_ts_ns, window_start_ns, window_end_ns."""
+    run_table = runs(events) if run_table is None else run_table
+    rank = F.create_map(*[x for name, r in _BOUNDARIES.items() for x in (F.lit(name), F.lit(r))])
+    order = Window.partitionBy("run_id").orderBy("ts_ns", "rank", "fault", "node")
+    boundaries = (
+        events.filter(_is_fleet() & F.col("event").isin(*_BOUNDARIES))
+        .select("run_id", "ts_ns", "event", "fault", "node", rank[F.col("event")].alias("rank"))
+        .withColumn("prev_ns", F.lag("ts_ns").over(order))
+        .withColumn("next_ns", F.lead("ts_ns").over(order))
+    )
+    faults = boundaries.filter(F.col("event") == "fault").withColumn(
+        "fault_idx",
+        (F.row_number().over(Window.partitionBy("run_id").orderBy("ts_ns", "fault", "node")) - 1).cast("int"),
+    )
+    bounds = F.broadcast(run_table.select("run_id", "start_ns", "end_ns"))
+    return faults.join(bounds, "run_id").select(
+        "run_id",
+        "fault_idx",
+        F.coalesce(F.col("fault"), F.lit("unknown")).alias("fault"),
+        "node",
+        F.col("ts_ns").alias("fault_ts_ns"),
+        F.coalesce("prev_ns", "start_ns").alias("window_start_ns"),
+        F.coalesce("next_ns", "end_ns").alias("window_end_ns"),
+    )
+
+
+# -- RTO ----------------------------------------------------------------------------
+
+
+def rto_per_client(events: DataFrame, faults: DataFrame) -> DataFrame:
+    """One row per (fault, participating client), see the module docstring.
+
+    Columns: run_id, fault_idx, fault, node, fault_ts_ns, client_id, family,
+    role, gap_start_ns, gap_end_ns, rto_ms, recovered.
+
+    Cost: one pass over the client events, grouped by (run, client, segment)
+    where segment = how many of the run's faults precede the event; the rest
+    works on that small table.
+    """
+    fault_ts = faults.groupBy("run_id").agg(F.array_sort(F.collect_list("fault_ts_ns")).alias("fault_ts"))
+    ok = F.col("event").isin(*SUCCESS_EVENTS)
+    segments = (
+        events.filter(_is_client() & F.col("client_id").isNotNull())
+        .join(F.broadcast(fault_ts), "run_id")
+        .withColumn("seg", F.size(F.filter("fault_ts", lambda f: f < F.col("ts_ns"))))
+        .groupBy("run_id", "client_id", "seg")
+        .agg(
+            F.min("ts_ns").alias("first_ns"),
+            F.max("ts_ns").alias("last_ns"),
+            F.min(F.when(ok, F.col("ts_ns"))).alias("first_ok_ns"),
+            F.max(F.when(ok, F.col("ts_ns"))).alias("last_ok_ns"),
+            F.min("family").alias("family"),
+            F.bool_or(F.col("event") == "consume").alias("consumer"),
+        )
+    )
+    before = F.col("seg") <= F.col("fault_idx")  # ts <= this fault's instant
+    per_client = (
+        segments.join(F.broadcast(faults.select(*_FAULT_KEY)), "run_id")
+        .groupBy(*_FAULT_KEY, "client_id")
+        .agg(
+            F.min("first_ns").alias("client_first_ns"),
+            F.max("last_ns").alias("client_last_ns"),
+            F.max(F.when(before, F.col("last_ok_ns"))).alias("last_ok_before_ns"),
+            F.min(F.when(~before, F.col("first_ok_ns"))).alias("first_ok_after_ns"),
+            F.min("family").alias("family"),
+            F.bool_or("consumer").alias("consumer"),
+        )
+        .filter((F.col("client_first_ns") <= F.col("fault_ts_ns")) & (F.col("client_last_ns") >= F.col("window_start_ns")))
+    )
+    recovered = F.coalesce(F.col("first_ok_after_ns") <= F.col("window_end_ns"), F.lit(False))
+    return (
+        per_client.withColumn("recovered", recovered)
+        .withColumn("gap_start_ns", F.coalesce("last_ok_before_ns", "client_first_ns"))
+        .withColumn("gap_end_ns", F.when(F.col("recovered"), F.col("first_ok_after_ns")).otherwise(F.col("window_end_ns")))
+        .select(
+            "run_id",
+            "fault_idx",
+            "fault",
+            "node",
+            "fault_ts_ns",
+            "client_id",
+            F.coalesce("family", F.lit("unknown")).alias("family"),
+            F.when(F.col("consumer"), F.lit("consumer")).otherwise(F.lit("producer")).alias("role"),
+            "gap_start_ns",
+            "gap_end_ns",
+            _ms(F.col("gap_end_ns") - F.col("gap_start_ns")).alias("rto_ms"),
+            "recovered",
+        )
+    )
+
+
+def _stats(value: str, prefix: str = "") -> list[Column]:
+    col = F.col(value)
+    return [
+        F.percentile(col, 0.5).alias(f"{prefix}p50_ms"),
+        F.percentile(col, 0.99).alias(f"{prefix}p99_ms"),
+        F.max(col).alias(f"{prefix}max_ms"),
+    ]
+
+
+def rto_stats(rto: DataFrame) -> DataFrame:
+    """Exact p50/p99/max of rto_ms per (fault, family), over clients and repeats.
+
+    Columns: fault, family, clients, p50_ms, p99_ms, max_ms, unrecovered.
+    """
+    return (
+        rto.groupBy("fault", "family")
+        .agg(
+            F.count(F.lit(1)).alias("clients"),
+            *_stats("rto_ms"),
+            F.sum(F.when(F.col("recovered"), 0).otherwise(1)).cast("long").alias("unrecovered"),
+        )
+        .orderBy("fault", "family")
+    )
+
+
+# -- detection and commit ----------------------------------------------------------
+
+
+def failover(events: DataFrame, faults: DataFrame) -> DataFrame:
+    """One row per fault: the fault columns plus node_down_ns, committed_ns,
+    detect_ms, commit_ms, failover_ms (nulls where the event never came)."""
+    marks = events.filter(_is_fleet() & F.col("event").isin("node_down", "assignment_committed")).select(
+        "run_id", "event", "ts_ns"
+    )
+    in_window = (F.col("ts_ns") >= F.col("anchor_ns")) & (F.col("ts_ns") <= F.col("window_end_ns"))
+    downs = marks.filter(F.col("event") == "node_down")
+    commits = marks.filter(F.col("event") == "assignment_committed")
+    detected = (
+        faults.select(*_FAULT_KEY)
+        .withColumn("anchor_ns", F.col("fault_ts_ns"))
+        .join(F.broadcast(downs), "run_id", "left")
+        .groupBy(*_FAULT_KEY)
+        .agg(F.min(F.when(in_window, F.col("ts_ns"))).alias("node_down_ns"))
+    )
+    committed = (
+        detected.withColumn("anchor_ns", F.coalesce("node_down_ns", "fault_ts_ns"))
+        .join(F.broadcast(commits), "run_id", "left")
+        .groupBy(*_FAULT_KEY, "node_down_ns", "anchor_ns")
+        .agg(F.min(F.when(in_window, F.col("ts_ns"))).alias("committed_ns"))
+    )
+    return committed.select(
+        *_FAULT_KEY,
+        "node_down_ns",
+        "committed_ns",
+        _ms(F.col("node_down_ns") - F.col("fault_ts_ns")).alias("detect_ms"),
+        _ms(F.col("committed_ns") - F.col("anchor_ns")).alias("commit_ms"),
+        _ms(F.col("committed_ns") - F.col("fault_ts_ns")).alias("failover_ms"),
+    )
+
+
+def failover_stats(failover_table: DataFrame) -> DataFrame:
+    """Per fault type: faults, and p50/p99/max of detect_ms, commit_ms,
+    failover_ms (over the faults where they exist: ``detected``, ``committed``)."""
+    return (
+        failover_table.groupBy("fault")
+        .agg(
+            F.count(F.lit(1)).alias("faults"),
+            F.count("detect_ms").alias("detected"),
+            F.count("committed_ns").alias("committed"),
+            *_stats("detect_ms", "detect_"),
+            *_stats("commit_ms", "commit_"),
+            *_stats("failover_ms", "failover_"),
+        )
+        .orderBy("fault")
+    )
+
+
+# -- records: lost and duplicated ----------------------------------------------------
+
+
+def record_outcomes(events: DataFrame) -> DataFrame:
+    """One row per record: run_id, topic, key, seq, acked, consumes, groups.
+
+    ``groups`` lists the consumer group of every delivery (one entry per
+    consume event). One shuffle over acks and consumes together.
+    """
+    reader = F.coalesce(F.col("group"), F.concat(F.lit("client:"), F.coalesce(F.col("client_id"), F.lit("?"))))
+    return (
+        events.filter(
+            _is_client()
+            & F.col("event").isin(*SUCCESS_EVENTS)
+            & (F.col("key").isNotNull() | F.col("seq").isNotNull())
+        )
+        .select(*RECORD_KEY, "event", F.when(F.col("event") == "consume", reader).alias("reader"))
+        .groupBy(*RECORD_KEY)
+        .agg(
+            F.bool_or(F.col("event") == "ack").alias("acked"),
+            F.count("reader").alias("consumes"),
+            F.collect_list("reader").alias("groups"),
+        )
+    )
+
+
+def _is_lost() -> Column:
+    return F.col("acked") & (F.col("consumes") == 0)
+
+
+def _is_duplicated() -> Column:
+    return F.size("groups") > F.size(F.array_distinct("groups"))
+
+
+def _is_unacked_consumed() -> Column:
+    return ~F.col("acked") & (F.col("consumes") > 0)
+
+
+def record_problems(outcomes: DataFrame) -> DataFrame:
+    """The records that are lost, duplicated or consumed without an ack
+    (usually a handful: worth caching before lost/duplicated/unacked_consumed)."""
+    return outcomes.filter(_is_lost() | _is_duplicated() | _is_unacked_consumed())
+
+
+def lost(outcomes: DataFrame) -> DataFrame:
+    """Acked records no group consumed: run_id, topic, key, seq."""
+    return outcomes.filter(_is_lost()).select(*RECORD_KEY)
+
+
+def duplicated(outcomes: DataFrame) -> DataFrame:
+    """Records one group consumed more than once: run_id, topic, group, key, seq, times."""
+    return (
+        outcomes.filter(_is_duplicated())
+        .select(*RECORD_KEY, F.explode("groups").alias("group"))
+        .groupBy("run_id", "topic", "group", "key", "seq")
+        .agg(F.count(F.lit(1)).alias("times"))
+        .filter(F.col("times") > 1)
+    )
+
+
+def unacked_consumed(outcomes: DataFrame) -> DataFrame:
+    """Records consumed although no ack was seen: run_id, topic, key, seq."""
+    return outcomes.filter(_is_unacked_consumed()).select(*RECORD_KEY)
+
+
+# -- throughput timeline ------------------------------------------------------------
+
+
+def timeline(
+    events: DataFrame, run_table: DataFrame, faults: DataFrame, bucket_ms: int = BUCKET_MS
+) -> DataFrame:
+    """Per run and bucket: run_id, bucket, t_ms, acks, consumes, faults.
+
+    Buckets are ``bucket_ms`` wide from the run's first event; every bucket up
+    to the run's last event is present. ``faults`` names the faults injected
+    in the bucket (comma-separated, null when none).
+    """
+    width = F.lit(bucket_ms * NS_PER_MS)
+    starts = F.broadcast(run_table.select("run_id", "start_ns"))
+    bucket = ((F.col("ts_ns") - F.col("start_ns")) / width).cast("long")
+    counts = (
+        events.filter(_is_client() & F.col("event").isin(*SUCCESS_EVENTS))
+        .join(starts, "run_id")
+        .groupBy("run_id", bucket.alias("bucket"))
+        .agg(
+            F.sum(F.when(F.col("event") == "ack", 1).otherwise(0)).cast("long").alias("acks"),
+            F.sum(F.when(F.col("event") == "consume", 1).otherwise(0)).cast("long").alias("consumes"),
+        )
+    )
+    grid = run_table.select(
+        "run_id",
+        F.explode(F.sequence(F.lit(0).cast("long"), ((F.col("end_ns") - F.col("start_ns")) / width).cast("long"))).alias(
+            "bucket"
+        ),
+    )
+    marks = (
+        faults.join(starts, "run_id")
+        .withColumn("bucket", ((F.col("fault_ts_ns") - F.col("start_ns")) / width).cast("long"))
+        .groupBy("run_id", "bucket")
+        .agg(F.concat_ws(",", F.array_sort(F.collect_list("fault"))).alias("faults"))
+    )
+    return (
+        grid.join(counts, ["run_id", "bucket"], "left")
+        .join(marks, ["run_id", "bucket"], "left")
+        .select(
+            "run_id",
+            "bucket",
+            (F.col("bucket") * F.lit(bucket_ms)).alias("t_ms"),
+            F.coalesce("acks", F.lit(0).cast("long")).alias("acks"),
+            F.coalesce("consumes", F.lit(0).cast("long")).alias("consumes"),
+            "faults",
+        )
+    )

@@ -67,7 +67,6 @@ from kio.schema.index import schema_name_map
 from proxy._wire import Buffer
 from proxy._wire import WireError
 from proxy._wire import field_steps
-from proxy._wire import read_string
 from proxy._wire import read_uvarint
 from proxy._wire import regular_fields
 from proxy._wire import skip_tagged_fields

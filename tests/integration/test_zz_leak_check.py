@@ -29,7 +29,7 @@ def test_no_real_broker_address_in_any_response(proxy, kafka_cluster, tap_dir, t
     assert len(admin.describe_cluster().result(timeout=20).nodes) == 3
 
     blobs = [p.read_bytes() for p in sorted(tap_dir.iterdir())]
-    assert len(blobs) > 20, "the tap saw too few connections"
+    assert len(blobs) >= 5, "the tap saw too few connections"
     data = b"\n".join(blobs)
     for spec in kafka_cluster.specs:
         real = spec.host.encode() + struct.pack(">i", spec.port)

@@ -17,6 +17,7 @@ import click
 SUBCOMMANDS: dict[str, str] = {
     "kafka": "cli.kafka_cmd:kafka",
     "run": "cli.run_cmd:run",
+    "bench": "cli.bench_cmd:bench",
 }
 
 

@@ -206,6 +206,10 @@ class Heartbeat:
 
     # ---- view --------------------------------------------------------------------------------
 
+    def has_heard(self, peer: str) -> bool:
+        """At least one datagram from ``peer`` since this process started."""
+        return peer in self._heard
+
     def is_live(self, peer: str, now: float) -> bool:
         if peer == self.self_id:
             return True

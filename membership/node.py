@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -360,6 +361,9 @@ class FleetMember:
         }
         self._live = live
 
+        if role != "leader" and leader is not None and leader not in live:
+            self._hasten_election(raft)
+
         self._maybe_join(raft, state, now)
         if role == "leader":
             if not self._was_leader:
@@ -375,6 +379,21 @@ class FleetMember:
                 self._state = state
                 self._cond.notify_all()
         self._update_effective(state, live, degraded, now)
+
+    def _hasten_election(self, raft: FleetRaft) -> None:
+        """Our heartbeat saw the leader die (its port refuses, ~0.1 s): start
+        the election after a short random delay instead of waiting out the
+        whole election timeout since its last append_entries. Only ever makes
+        the deadline earlier, keeps Raft's randomisation (jitter up to half
+        the minimum timeout) against split votes, and runs on the tick thread
+        that owns the deadline. pysyncobj 0.3.17 exposes no API for this."""
+        attr = "_SyncObj__raftElectionDeadline"
+        current = getattr(raft, attr, None)
+        if current is None:
+            return
+        soon = time.monotonic() + random.uniform(0.0, self.config.raft_min_timeout / 2)
+        if soon < current:
+            setattr(raft, attr, soon)
 
     def _track_peers(self, live: frozenset[ProxyId], now: float) -> None:
         for m in self.config.peers:
@@ -402,11 +421,13 @@ class FleetMember:
 
     def _maybe_plan(self, raft: FleetRaft, state: FleetState, live: frozenset[ProxyId], now: float) -> None:
         hb = self._hb
+        # Until every peer has been heard once (or suspect_timeout has passed)
+        # our view is incomplete: never mark anyone down on it.
         warm = now - self._started_at >= self.config.suspect_timeout or (
-            hb is not None and all(hb.is_live(p, now) for p in hb.peers)
+            hb is not None and all(hb.has_heard(p) for p in hb.peers)
         )
         if not warm:
-            return  # our heartbeat view is not complete yet: do not mark anyone down
+            return
         if self._inflight is not None:
             if now < self._inflight_deadline:
                 return

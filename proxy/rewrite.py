@@ -243,7 +243,9 @@ class ResponseRewriter:
         self.version_caps = dict(version_caps or {})
         self.version_floors = dict(version_floors)
         self.clamp_api_versions = clamp_api_versions
+        # Frames processed / frames actually changed, per api key.
         self.counts: collections.Counter[int] = collections.Counter()
+        self.changed: collections.Counter[int] = collections.Counter()
         self._wanted = dict(address_versions())
 
     # -- FrameRewriter protocol (proxy.codec) --
@@ -275,6 +277,8 @@ class ResponseRewriter:
                 f"bad response api_key={api_key} v{api_version}: {e}", side="broker"
             ) from None
         self.counts[api_key] += 1
+        if result.changed:
+            self.changed[api_key] += 1
         return result
 
     def rewrite_frame(self, api_key: int, api_version: int, frame: Buffer) -> bytes:

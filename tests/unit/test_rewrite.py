@@ -444,7 +444,7 @@ def test_node_endpoints(name: str, api_key: int, version: int, build: typing.Cal
     bare = fx.response_payload(build(version, ()), 9)
     result = rw.rewrite(api_key, version, bare)
     assert not result.changed and len(result.pieces) == 1 and bytes(result.pieces[0]) == bare
-    assert rw.counts[api_key] == 2
+    assert rw.counts[api_key] == 2 and rw.changed[api_key] == 1
 
 
 def test_produce_unknown_top_level_tag_is_kept() -> None:

@@ -1,0 +1,170 @@
+"""`kproxy bench proxy`: proxy overhead measured side by side in one run.
+
+Against the same brokers, alternating direct and proxied runs (this machine is
+shared and noisy, so only ratios measured in one run mean anything):
+
+* produce throughput with Kafka's own ProducerPerformance: 1 KiB records with
+  default batching, and with ~1 MiB batches (batch.size=1 MiB, linger 20 ms),
+  acks=all, idempotent, RF=3;
+* fetch throughput with Kafka's ConsumerPerformance over what was produced;
+* proxy CPU seconds per GB forwarded (the proxy process' CPU time over the
+  bytes its metrics counted, both directions);
+* added produce latency (p50/p99 of ProducerPerformance at a fixed, modest
+  rate, proxied minus direct);
+* the cost of rewriting a Metadata response at 100 … 50,000 partitions.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+
+from chaos.clients import kafka_tool
+from chaos.kafka_cluster import KafkaCluster, port_free
+from chaos.proxies import NodeProcess, fleet_config
+
+_PRODUCER_SUMMARY = re.compile(
+    r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, ([\d.]+) ms max latency,"
+    r" (\d+) ms 50th, (\d+) ms 95th, (\d+) ms 99th")
+
+
+def producer_perf(bootstrap: str, topic: str, records: int, size: int, throughput: int = -1,
+                  props: dict[str, Any] | None = None) -> dict[str, float]:
+    base = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": "true", "linger.ms": 5}
+    base.update(props or {})
+    out = kafka_tool("org.apache.kafka.tools.ProducerPerformance", "--topic", topic, "--num-records", str(records),
+                     "--record-size", str(size), "--throughput", str(throughput), "--producer-props",
+                     *[f"{k}={v}" for k, v in base.items()], timeout=600).stdout
+    m = None
+    for m in _PRODUCER_SUMMARY.finditer(out):
+        pass
+    if m is None:
+        raise RuntimeError(f"no ProducerPerformance summary in:\n{out[-2000:]}")
+    return {"records": int(m.group(1)), "records_per_s": float(m.group(2)), "mb_per_s": float(m.group(3)),
+            "p50_ms": float(m.group(6)), "p99_ms": float(m.group(8))}
+
+
+def consumer_perf(bootstrap: str, topic: str, records: int) -> dict[str, float]:
+    out = kafka_tool("org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server", bootstrap, "--topic", topic,
+                     "--num-records", str(records), "--timeout", "60000", "--group", f"bench-{uuid.uuid4().hex[:8]}",
+                     "--command-property", "auto.offset.reset=earliest", timeout=600).stdout
+    lines = [line for line in out.splitlines() if line.strip()]
+    header_idx = next(i for i, line in enumerate(lines) if line.startswith("start.time"))
+    names = [c.strip() for c in lines[header_idx].split(",")]
+    values = [c.strip() for c in lines[header_idx + 1].split(",")]
+    row = dict(zip(names, values))
+    return {"mb_per_s": float(row["fetch.MB.sec"]), "records": int(row["data.consumed.in.nMsg"])}
+
+
+class _ProxyMeter:
+    """CPU seconds of the proxy process and bytes it forwarded, between two points."""
+
+    def __init__(self, node: NodeProcess) -> None:
+        self.node = node
+        assert node.pid is not None
+        self.proc = psutil.Process(node.pid)
+
+    def sample(self) -> tuple[float, float]:
+        t = self.proc.cpu_times()
+        text = self.node.get("/metrics").text
+        forwarded = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                        if line.startswith("kproxy_bytes_total"))
+        return t.user + t.system, forwarded
+
+
+def _alternate(rounds: int, direct: Callable[[], dict], proxied: Callable[[], dict]) -> tuple[list, list]:
+    d, p = [], []
+    for _ in range(rounds):
+        d.append(direct())
+        p.append(proxied())
+    return d, p
+
+
+def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2,
+        partitions: tuple[int, ...] = (100, 1000, 10_000, 50_000), progress: Callable[[str], None] = print,
+        proxy_ip: str = "127.0.0.31") -> dict[str, Any]:
+    from proxy.bench_rewrite import bench_metadata_rewrite
+
+    with tempfile.TemporaryDirectory(prefix="kproxy-bench-") as tmp:
+        cluster = None
+        if bootstrap is None:
+            base = next(b for b in range(29000, 39000, 300)
+                        if all(port_free("127.0.0.1", b + o + i) for o in (0, 100) for i in range(3)))
+            progress("starting a local 3-broker Kafka")
+            cluster = KafkaCluster(Path(tmp) / "kafka", 3, base_port=base).start()
+            bootstrap = cluster.bootstrap_servers
+        try:
+            cfg = fleet_config(Path(tmp) / "fleet.toml", bootstrap.split(","), 1, first_ip=int(proxy_ip.split(".")[-1]),
+                               fleet=False, log_format="json")
+            node = NodeProcess(cfg, "p1", proxy_ip, 9400, Path(tmp) / "p1.log").start()
+            node.wait_ready(60)
+            proxied_bs = f"{proxy_ip}:9092"
+            meter = _ProxyMeter(node)
+            cpu0, bytes0 = meter.sample()
+            results: dict[str, Any] = {"records": records, "record_bytes": 1024, "rounds": rounds}
+            for name, props in (("small_batches", {}), ("1mb_batches", {"batch.size": 1 << 20, "linger.ms": 20,
+                                                                         "max.request.size": 2 << 20})):
+                topics = {"direct": f"bench-{name}-direct-{uuid.uuid4().hex[:6]}",
+                          "proxy": f"bench-{name}-proxy-{uuid.uuid4().hex[:6]}"}
+                for t in topics.values():
+                    kafka_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap, "--create",
+                               "--topic", t, "--partitions", "6", "--replication-factor", "3")
+                progress(f"produce throughput, {name}")
+                d, p = _alternate(rounds, lambda: producer_perf(bootstrap, topics["direct"], records, 1024, props=props),
+                                  lambda: producer_perf(proxied_bs, topics["proxy"], records, 1024, props=props))
+                results[f"produce_{name}"] = {"direct_mb_s": [r["mb_per_s"] for r in d],
+                                              "proxy_mb_s": [r["mb_per_s"] for r in p]}
+                progress(f"fetch throughput, {name}")
+                total = records * rounds
+                d, p = _alternate(rounds, lambda: consumer_perf(bootstrap, topics["direct"], total),
+                                  lambda: consumer_perf(proxied_bs, topics["proxy"], total))
+                results[f"fetch_{name}"] = {"direct_mb_s": [r["mb_per_s"] for r in d],
+                                            "proxy_mb_s": [r["mb_per_s"] for r in p]}
+            cpu1, bytes1 = meter.sample()
+            progress("produce latency at 2,000 records/s")
+            lat_topic = f"bench-latency-{uuid.uuid4().hex[:6]}"
+            kafka_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap, "--create",
+                       "--topic", lat_topic, "--partitions", "6", "--replication-factor", "3")
+            d, p = _alternate(rounds, lambda: producer_perf(bootstrap, lat_topic, 20_000, 1024, throughput=2000),
+                              lambda: producer_perf(proxied_bs, lat_topic, 20_000, 1024, throughput=2000))
+            node.stop()
+        finally:
+            if cluster is not None:
+                cluster.stop()
+
+    def ratio(key: str) -> float:
+        r = results[key]
+        return round(statistics.median(r["proxy_mb_s"]) / statistics.median(r["direct_mb_s"]), 3)
+
+    progress("metadata rewrite cost")
+    rewrite_us = bench_metadata_rewrite(partitions)
+    results.update({
+        "produce_ratio": min(ratio("produce_small_batches"), ratio("produce_1mb_batches")),
+        "fetch_ratio": min(ratio("fetch_small_batches"), ratio("fetch_1mb_batches")),
+        "produce_ratio_by_batching": {k: ratio(f"produce_{k}") for k in ("small_batches", "1mb_batches")},
+        "fetch_ratio_by_batching": {k: ratio(f"fetch_{k}") for k in ("small_batches", "1mb_batches")},
+        "proxy_cpu_s": round(cpu1 - cpu0, 3),
+        "proxy_gb_forwarded": round((bytes1 - bytes0) / 1e9, 3),
+        "proxy_cpu_s_per_gb": round((cpu1 - cpu0) / max((bytes1 - bytes0) / 1e9, 1e-9), 3),
+        "latency_direct_ms": {"p50": statistics.median(r["p50_ms"] for r in d),
+                              "p99": statistics.median(r["p99_ms"] for r in d)},
+        "latency_proxy_ms": {"p50": statistics.median(r["p50_ms"] for r in p),
+                             "p99": statistics.median(r["p99_ms"] for r in p)},
+        "metadata_rewrite_us": {str(k): round(v, 1) for k, v in rewrite_us.items()},
+    })
+    results["latency_added_ms"] = {q: round(results["latency_proxy_ms"][q] - results["latency_direct_ms"][q], 2)
+                                   for q in ("p50", "p99")}
+    results["targets"] = {
+        "produce_ratio>=0.90": results["produce_ratio"] >= 0.90,
+        "fetch_ratio>=0.90": results["fetch_ratio"] >= 0.90,
+        "proxy_cpu_s_per_gb<=1": results["proxy_cpu_s_per_gb"] <= 1.0,
+        "metadata_rewrite_10k_us<=1000": rewrite_us.get(10_000, 0.0) <= 1000,
+    }
+    return results

@@ -1,0 +1,395 @@
+"""Faults for drills, and the fleet watcher that records how the fleet reacts.
+
+Theory of operation
+-------------------
+A fault is an async function ``fault(ctx)`` run by ``chaos.drill`` between the
+drill's ``drill_start`` and ``drill_end`` events. It
+
+1. picks its victim with ``ctx.rng`` (one seed derives every choice);
+2. takes the fault instant (``time.time_ns()`` just before the signal, the
+   nft rule or the admin call) and writes a ``fault`` event (fault, node);
+3. waits, with deadlines, until every client has a success after that instant
+   (``ctx.wait_recovered``) and until the fleet has reacted (victim seen down,
+   a new assignment committed; ``FleetWatcher``);
+4. undoes the fault (restart, SIGCONT, heal, undrain) and writes
+   ``node_back`` once the victim serves again, then waits until the fleet is
+   healthy.
+
+``rolling-restart`` repeats 2-4 for every proxy in turn, one ``fault`` event per
+node, so each restart gets its own window.
+
+Faults and what they need:
+
+=================  ==========================================================
+kill               SIGKILL a random proxy node; restart it afterwards
+freeze             SIGSTOP a random proxy node; SIGCONT after recovery (at
+                   least ``hold_s`` after the fault)
+partition          drop every packet from/to a random proxy's loopback address
+                   (nftables, ``chaos.netfault``); heal after recovery (at
+                   least ``hold_s``); SKIPPED where nft/CAP_NET_ADMIN is missing
+leader-kill        SIGKILL the Raft leader; restart it afterwards
+broker-kill        SIGKILL a random Kafka broker; restart it afterwards (works
+                   without a fleet, straight against Kafka)
+drain              graceful drain of a random proxy through the admin API;
+                   undrain afterwards
+rolling-restart    every proxy in turn: drain, SIGTERM (SIGKILL after
+                   ``stop_timeout_s``), restart, undrain, wait healthy
+=================  ==========================================================
+
+``FleetWatcher`` polls ``fleet.fleet_view()`` every ``poll_period_s`` (50 ms)
+while a drill runs and writes ``node_down`` (a node's ``alive`` went from true
+to false; node, epoch) and ``assignment_committed`` (the assignment map
+changed; epoch, detail = the map as JSON).
+
+Every blocking fleet/Kafka call runs in a worker thread under a deadline.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import attrs
+import trio
+
+from chaos.trace import TraceWriter
+
+FAULTS = ("kill", "freeze", "partition", "leader-kill", "broker-kill", "drain", "rolling-restart")
+FLEET_FAULTS = frozenset(FAULTS) - {"broker-kill"}
+
+POLL_PERIOD_S = 0.05
+VIEW_TIMEOUT_S = 2.0
+
+
+class FaultUnavailable(RuntimeError):
+    """This fault cannot be injected here; the drill is SKIPPED (never faked)."""
+
+
+class FaultFailed(RuntimeError):
+    """Injecting or undoing the fault failed (message says which step)."""
+
+
+async def in_thread(fn: Callable[..., Any], *args: Any, timeout_s: float,
+                    limiter: trio.CapacityLimiter | None = None) -> Any:
+    """Run a blocking call in a worker thread; raise ``trio.TooSlowError`` after ``timeout_s``."""
+    with trio.fail_after(timeout_s):
+        return await trio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True, limiter=limiter)
+
+
+# --------------------------------------------------------------- watcher
+class FleetWatcher:
+    """Polls the fleet view; writes node_down / assignment_committed; answers wait_* questions."""
+
+    def __init__(self, fleet: Any, trace: TraceWriter, *, period_s: float = POLL_PERIOD_S,
+                 max_duration_s: float = 3600.0) -> None:
+        self.fleet = fleet
+        self.trace = trace
+        self.period_s = period_s
+        self.max_polls = max(1, math.ceil(max_duration_s / period_s))
+        self.alive: dict[str, bool] = {}
+        self.assignment: dict[str, Any] | None = None
+        self.epoch: int | None = None
+        self.down_at: dict[str, list[int]] = {}
+        self.commits_ns: list[int] = []
+        self.polls = self.failures = 0
+        self._limiter = trio.CapacityLimiter(1)
+        self._changed = trio.Event()
+
+    async def view(self) -> dict[str, Any] | None:
+        try:
+            return await in_thread(self.fleet.fleet_view, timeout_s=VIEW_TIMEOUT_S, limiter=self._limiter)
+        except Exception:
+            self.failures += 1
+            return None
+
+    def observe(self, view: dict[str, Any], *, baseline: bool = False) -> None:
+        """Diff one view against the last one and write the events (pure apart from the trace)."""
+        now = time.time_ns()
+        epoch = view.get("epoch")
+        epoch = int(epoch) if isinstance(epoch, int) and not isinstance(epoch, bool) else None
+        for node in view.get("nodes") or []:
+            nid, alive = str(node.get("id")), bool(node.get("alive"))
+            if not baseline and self.alive.get(nid) and not alive:
+                self.trace.fleet("node_down", node=nid, epoch=epoch, ts_ns=now)
+                self.down_at.setdefault(nid, []).append(now)
+            self.alive[nid] = alive
+        assignment = view.get("assignment")
+        if assignment is not None:
+            assignment = {str(k): v for k, v in assignment.items()}
+            if not baseline and self.assignment is not None and assignment != self.assignment:
+                self.trace.fleet("assignment_committed", epoch=epoch, ts_ns=now,
+                                 detail=json.dumps(assignment, sort_keys=True))
+                self.commits_ns.append(now)
+            self.assignment = assignment
+        self.epoch = epoch if epoch is not None else self.epoch
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        """Take a baseline view, report started, then poll until cancelled (bounded in count)."""
+        view = None
+        for _ in range(max(1, int(10 / self.period_s))):
+            view = await self.view()
+            if view is not None:
+                break
+            await trio.sleep(self.period_s)
+        if view is None:
+            raise FaultFailed("the fleet view did not answer for 10 s")
+        self.observe(view, baseline=True)
+        task_status.started()
+        for _ in range(self.max_polls):
+            await trio.sleep(self.period_s)
+            view = await self.view()
+            self.polls += 1
+            if view is not None:
+                self.observe(view)
+
+    async def wait_for(self, condition: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait until ``condition()`` holds after some poll, at most ``timeout_s``."""
+        with trio.move_on_after(timeout_s):
+            for _ in range(self.max_polls):
+                if condition():
+                    return True
+                await self._changed.wait()
+        return condition()
+
+    def down_since(self, node: str, since_ns: int) -> bool:
+        return any(t >= since_ns for t in self.down_at.get(node, []))
+
+    def committed_since(self, since_ns: int) -> bool:
+        return any(t >= since_ns for t in self.commits_ns)
+
+
+# --------------------------------------------------------------- context
+@attrs.define
+class FaultContext:
+    """What a fault needs. ``wait_recovered(ts_ns)`` is the drill's: every client had a success after ts."""
+
+    fault: str
+    trace: TraceWriter
+    rng: random.Random
+    wait_recovered: Callable[[int], Awaitable[bool]]
+    fleet: Any | None = None
+    kafka: Any | None = None
+    watcher: FleetWatcher | None = None
+    hold_s: float = 2.0
+    react_timeout_s: float = 15.0
+    restore_timeout_s: float = 90.0
+    stop_timeout_s: float = 30.0
+    steps: list[dict[str, Any]] = attrs.Factory(list)
+
+    def mark_fault(self, node: str | None, ts_ns: int) -> dict[str, Any]:
+        self.trace.fleet("fault", fault=self.fault, node=node, ts_ns=ts_ns)
+        step = {"fault": self.fault, "node": node, "fault_ts_ns": ts_ns, "recovered": None, "reacted": None,
+                "back_ts_ns": None}
+        self.steps.append(step)
+        return step
+
+    def mark_back(self, step: dict[str, Any]) -> None:
+        ts = time.time_ns()
+        self.trace.fleet("node_back", fault=self.fault, node=step["node"], ts_ns=ts)
+        step["back_ts_ns"] = ts
+
+    async def call(self, fn: Callable[..., Any], *args: Any, timeout_s: float | None = None) -> Any:
+        return await in_thread(fn, *args, timeout_s=timeout_s or self.restore_timeout_s)
+
+    async def wait_healthy(self) -> None:
+        if self.fleet is not None:
+            await self.call(self.fleet.wait_healthy, self.restore_timeout_s,
+                            timeout_s=self.restore_timeout_s + 10)
+
+    async def live_nodes(self) -> list[str]:
+        assert self.fleet is not None
+        view = await self.call(self.fleet.fleet_view, timeout_s=VIEW_TIMEOUT_S * 3)
+        alive = sorted(str(n["id"]) for n in view.get("nodes", []) if n.get("alive"))
+        return alive or sorted(self.fleet.node_ids)
+
+    async def hold_until(self, fault_ts_ns: int) -> None:
+        """Keep a timed fault (freeze, partition) at least ``hold_s`` (a fault parameter)."""
+        remaining_s = self.hold_s - (time.time_ns() - fault_ts_ns) / 1e9
+        if remaining_s > 0:
+            await trio.sleep(remaining_s)
+
+    async def await_effects(self, step: dict[str, Any], *, down: bool = True) -> None:
+        """Wait until every client recovered and the fleet reacted (each with its deadline)."""
+        ts, node = step["fault_ts_ns"], step["node"]
+        step["recovered"] = await self.wait_recovered(ts)
+        if self.watcher is not None:
+            w = self.watcher
+            ok_down = (await w.wait_for(lambda: w.down_since(node, ts), self.react_timeout_s)) if down else True
+            ok_commit = await w.wait_for(lambda: w.committed_since(ts), self.react_timeout_s)
+            step["reacted"] = ok_down and ok_commit
+
+
+def check(fault: str, *, fleet: Any | None, kafka: Any | None) -> None:
+    """Raise ``FaultUnavailable`` if ``fault`` cannot run against this target."""
+    if fault not in FAULTS:
+        raise ValueError(f"unknown fault {fault!r} (one of {', '.join(FAULTS)})")
+    if fault in FLEET_FAULTS and fleet is None:
+        raise FaultUnavailable(f"{fault} needs a proxy fleet")
+    if fault == "broker-kill" and kafka is None:
+        raise FaultUnavailable("broker-kill needs the local Kafka cluster (the fleet runs against an external one)")
+    if fault == "partition":
+        from chaos.netfault import partition_support
+
+        ok, why = partition_support()
+        if not ok:
+            raise FaultUnavailable(f"partition: {why}")
+
+
+# ------------------------------------------------------------------ faults
+async def _signal_fault(ctx: FaultContext, victim: str, sig: str) -> dict[str, Any]:
+    assert ctx.fleet is not None
+    ts = time.time_ns()
+    await ctx.call(ctx.fleet.signal_node, victim, sig, timeout_s=10)
+    return ctx.mark_fault(victim, ts)
+
+
+async def _restart(ctx: FaultContext, step: dict[str, Any]) -> None:
+    assert ctx.fleet is not None
+    await ctx.call(ctx.fleet.restart_node, step["node"])
+    ctx.mark_back(step)
+    await ctx.wait_healthy()
+
+
+async def kill(ctx: FaultContext) -> None:
+    victim = ctx.rng.choice(await ctx.live_nodes())
+    step = await _signal_fault(ctx, victim, "KILL")
+    await ctx.await_effects(step)
+    await _restart(ctx, step)
+
+
+async def leader_kill(ctx: FaultContext) -> None:
+    assert ctx.fleet is not None
+    victim = None
+    with trio.move_on_after(ctx.restore_timeout_s):
+        for _ in range(1000):
+            victim = await ctx.call(ctx.fleet.leader, timeout_s=10)
+            if victim:
+                break
+            await trio.sleep(0.1)
+    if not victim:
+        raise FaultFailed("the fleet has no leader to kill")
+    step = await _signal_fault(ctx, str(victim), "KILL")
+    await ctx.await_effects(step)
+    await _restart(ctx, step)
+
+
+async def _wait_alive(ctx: FaultContext, node: str) -> bool:
+    if ctx.watcher is None:
+        return True
+    w = ctx.watcher
+    return await w.wait_for(lambda: w.alive.get(node, False), ctx.restore_timeout_s)
+
+
+async def freeze(ctx: FaultContext) -> None:
+    assert ctx.fleet is not None
+    victim = ctx.rng.choice(await ctx.live_nodes())
+    step = await _signal_fault(ctx, victim, "STOP")
+    try:
+        await ctx.await_effects(step)
+        await ctx.hold_until(step["fault_ts_ns"])
+    finally:
+        with trio.CancelScope(shield=True):
+            await ctx.call(ctx.fleet.signal_node, victim, "CONT", timeout_s=10)
+    if not await _wait_alive(ctx, victim):
+        raise FaultFailed(f"{victim} is not alive {ctx.restore_timeout_s:.0f} s after SIGCONT")
+    ctx.mark_back(step)
+    await ctx.wait_healthy()
+
+
+async def partition(ctx: FaultContext) -> None:
+    from chaos.netfault import Partition
+
+    assert ctx.fleet is not None
+    victim = ctx.rng.choice(await ctx.live_nodes())
+    address = await ctx.call(ctx.fleet.node_address, victim, timeout_s=10)
+    cut = Partition(address)
+    ts = time.time_ns()
+    await ctx.call(cut.apply, timeout_s=15)
+    step = ctx.mark_fault(victim, ts)
+    try:
+        await ctx.await_effects(step)
+        await ctx.hold_until(ts)
+    finally:
+        with trio.CancelScope(shield=True):
+            await ctx.call(cut.heal, timeout_s=15)
+    if not await _wait_alive(ctx, victim):
+        raise FaultFailed(f"{victim} is not alive {ctx.restore_timeout_s:.0f} s after the partition healed")
+    ctx.mark_back(step)
+    await ctx.wait_healthy()
+
+
+async def broker_kill(ctx: FaultContext) -> None:
+    kafka = ctx.kafka
+    assert kafka is not None
+    alive = sorted(b for b, pid in kafka.pids.items() if pid)
+    if not alive:
+        raise FaultFailed("no running Kafka broker to kill")
+    broker = ctx.rng.choice(alive)
+    ts = time.time_ns()
+    await ctx.call(kafka.kill, broker, signal.SIGKILL, timeout_s=20)
+    step = ctx.mark_fault(f"broker-{broker}", ts)
+    await ctx.await_effects(step, down=False) if ctx.watcher is None else None
+    if ctx.watcher is not None:  # proxies stay up: no node_down expected, only the client recovery
+        step["recovered"] = await ctx.wait_recovered(ts)
+    await ctx.call(kafka.restart, broker, ctx.restore_timeout_s, timeout_s=ctx.restore_timeout_s + 10)
+    ctx.mark_back(step)
+    await ctx.wait_healthy()
+
+
+async def drain(ctx: FaultContext) -> None:
+    assert ctx.fleet is not None
+    victim = ctx.rng.choice(await ctx.live_nodes())
+    ts = time.time_ns()
+    step = ctx.mark_fault(victim, ts)
+    step["drain"] = await ctx.call(ctx.fleet.drain, victim, timeout_s=60)
+    await ctx.await_effects(step, down=False)
+    step["undrain"] = await ctx.call(ctx.fleet.undrain, victim, timeout_s=60)
+    ctx.mark_back(step)
+    await ctx.wait_healthy()
+
+
+async def rolling_restart(ctx: FaultContext) -> None:
+    assert ctx.fleet is not None
+    order = sorted(ctx.fleet.node_ids)
+    ctx.rng.shuffle(order)
+    for node in order:
+        ts = time.time_ns()
+        step = ctx.mark_fault(node, ts)
+        step["drain"] = await ctx.call(ctx.fleet.drain, node, timeout_s=60)
+        await ctx.await_effects(step, down=False)
+        await ctx.call(ctx.fleet.signal_node, node, "TERM", timeout_s=10)
+        if not await _wait_dead(ctx, node):
+            await ctx.call(ctx.fleet.signal_node, node, "KILL", timeout_s=10)
+            if not await _wait_dead(ctx, node):
+                raise FaultFailed(f"{node} still alive after SIGTERM and SIGKILL")
+        await ctx.call(ctx.fleet.restart_node, node)
+        step["undrain"] = await ctx.call(ctx.fleet.undrain, node, timeout_s=60)
+        ctx.mark_back(step)
+        await ctx.wait_healthy()
+        # Before the next node: every client served again after this one came back.
+        step["steady"] = await ctx.wait_recovered(step["back_ts_ns"])
+
+
+async def _wait_dead(ctx: FaultContext, node: str) -> bool:
+    if ctx.watcher is None:
+        return True
+    w = ctx.watcher
+    return await w.wait_for(lambda: not w.alive.get(node, True), ctx.stop_timeout_s)
+
+
+INJECT: dict[str, Callable[[FaultContext], Awaitable[None]]] = {
+    "kill": kill,
+    "freeze": freeze,
+    "partition": partition,
+    "leader-kill": leader_kill,
+    "broker-kill": broker_kill,
+    "drain": drain,
+    "rolling-restart": rolling_restart,
+}

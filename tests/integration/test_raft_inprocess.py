@@ -1,0 +1,186 @@
+"""FleetMember's Python interface, three members in this process on 127.0.0.21-23."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from membership.config import MemberConfig, MemberSpec
+from membership.heartbeat import Heartbeat
+from membership.node import FleetMember, MembershipError
+from topology import Broker, ProxyNode
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+HOSTS = {"a": "127.0.0.21", "b": "127.0.0.22", "c": "127.0.0.23"}
+BROKERS = [Broker(i, f"kafka{i}", 9092) for i in (1, 2, 3, 4)]
+
+
+def free_port(host: str) -> int:
+    for _ in range(50):
+        tcp = socket.socket()
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            tcp.bind((host, 0))
+            port = tcp.getsockname()[1]
+            udp.bind((host, port))
+            return port
+        except OSError:
+            continue
+        finally:
+            tcp.close()
+            udp.close()
+    raise RuntimeError(f"no free port on {host}")
+
+
+def wait_until(what: str, predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.02)  # poll interval
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def members():
+    specs = [MemberSpec(ProxyNode(p, h, 9092), h, free_port(h)) for p, h in HOSTS.items()]
+    out = {}
+    for p in HOSTS:
+        cfg = MemberConfig(node_id=p, members=specs, password="in-process-secret", rebalance_delay=0.3)
+        out[p] = FleetMember(cfg)
+    try:
+        for m in out.values():
+            m.start()
+        yield out
+    finally:
+        for m in out.values():
+            m.stop()
+
+
+def settled(members: dict[str, FleetMember]) -> bool:
+    effs = [m.effective_assignment() for m in members.values()]
+    leaders = [m for m in members.values() if m.is_leader()]
+    owners = effs[0][1]
+    loads = sorted(list(owners.values()).count(p) for p in HOSTS)
+    return (
+        len(leaders) == 1
+        and all(e == effs[0] for e in effs)
+        and set(owners) == {1, 2, 3, 4}
+        and loads == [1, 1, 2]
+        and members["a"].committed_state().owner_map() == owners
+    )
+
+
+def test_interface(members):
+    seen: list = []
+    got = threading.Event()
+
+    def on_change(snapshot):
+        seen.append(snapshot)
+        got.set()
+
+    unsubscribe = members["a"].subscribe(on_change)
+    assert got.wait(5), "subscribe calls back once at once"
+    for m in members.values():
+        m.set_brokers(BROKERS)
+    wait_until("a settled, balanced table everywhere", lambda: settled(members), timeout=15)
+    epoch, owners = members["a"].effective_assignment()
+    assert epoch == members["a"].committed_state().epoch
+    wait_until("the subscriber saw the settled table", lambda: seen[-1].owner_map() == owners)
+    versions = [s.version for s in seen]
+    assert versions == sorted(versions) and len(set(versions)) == len(versions)
+    # Addresses follow the owners: default port scheme bootstrap + 1 + broker id.
+    addrs = members["a"].advertised_addresses()
+    for b, p in owners.items():
+        assert addrs[b] == (HOSTS[p], 9092 + 1 + b)
+
+    st = members["b"].status()
+    for key in ("node", "role", "term", "leader", "has_quorum", "epoch", "assignment", "peers", "members",
+                "draining", "degraded", "effective"):
+        assert key in st
+    assert st["node"] == "b" and st["has_quorum"] and st["peers"]["a"]["live"]
+
+    # drain from any member returns once the move is committed
+    target = "c"
+    epoch = members["a"].drain(target)
+    state = members["a"].committed_state()
+    assert state.epoch >= epoch and target in state.draining
+    assert target not in state.owner_map().values()
+    wait_until("every member moved off the drained node",
+               lambda: all(target not in m.effective_assignment()[1].values() for m in members.values()))
+    with pytest.raises(MembershipError):
+        members["b"].drain("nobody")
+    members["b"].undrain(target)
+    wait_until("rebalanced after undrain", lambda: settled(members), timeout=10)
+    unsubscribe()
+
+    # A new upstream broker reported by every data path: committed and assigned.
+    for m in members.values():
+        m.set_brokers([*BROKERS, Broker(5, "kafka5", 9092)])
+    wait_until("broker 5 committed and owned",
+               lambda: all(5 in m.effective_assignment()[1] for m in members.values())
+               and 5 in members["a"].committed_state().owner_map())
+
+
+def test_stop_joins_threads_and_closes_sockets():
+    host = "127.0.0.24"
+    port = free_port(host)
+    spec = MemberSpec(ProxyNode("solo", host, 9092), host, port)
+    before = {t.ident for t in threading.enumerate()}
+    m = FleetMember(MemberConfig(node_id="solo", members=[spec], password="x"))
+    m.start()
+    m.set_brokers(BROKERS)
+    wait_until("a single member leads itself and owns everything",
+               lambda: m.is_leader() and set(m.effective_assignment()[1].values()) == {"solo"}
+               and len(m.effective_assignment()[1]) == 4)
+    m.stop()
+    wait_until("threads gone", lambda: {t.ident for t in threading.enumerate()} <= before, timeout=5)
+    # Raft (TCP) and heartbeat (UDP) ports are free again.
+    tcp = socket.socket()
+    tcp.bind((host, port))
+    tcp.close()
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    udp.bind((host, port))
+    udp.close()
+
+
+def test_heartbeat_sees_a_closed_port_at_once_and_silence_after_the_timeout():
+    """The detector's two paths with real sockets: refusal (process death) and silence (freeze)."""
+    ha, hb_host = "127.0.0.25", "127.0.0.26"
+    pa, pb = free_port(ha), free_port(hb_host)
+    a = Heartbeat("a", (ha, pa), {"b": (hb_host, pb)}, "pw", interval=0.05, suspect_timeout=0.5)
+    b = Heartbeat("b", (hb_host, pb), {"a": (ha, pa)}, "pw", interval=0.05, suspect_timeout=0.5)
+    a.open()
+    b.open()
+    try:
+        def pump() -> None:
+            now = time.monotonic()
+            a.tick(now)
+            b.tick(now)
+            a.on_readable()
+            b.on_readable()
+            a.on_peer_event("b")
+
+        wait_until("a hears b", lambda: (pump(), a.is_live("b", time.monotonic()))[1], timeout=3)
+        b.close()  # b's process "dies": its port refuses
+        t0 = time.monotonic()
+        wait_until("a sees b refuse", lambda: (pump(), not a.is_live("b", time.monotonic()))[1], timeout=3)
+        refused_s = time.monotonic() - t0
+        assert refused_s < 0.3, refused_s  # far below the 0.5 s silence timeout
+        # A stranger with the wrong password is not a peer.
+        c = Heartbeat("b", (hb_host, pb), {"a": (ha, pa)}, "wrong", interval=0.05, suspect_timeout=0.5)
+        c.open()
+        try:
+            for _ in range(5):
+                c.tick(time.monotonic() + _)
+            wait_until("a rejects the forged beats", lambda: (a.on_readable(), a.rejected >= 1)[1], timeout=3)
+            assert not a.is_live("b", time.monotonic())
+        finally:
+            c.close()
+    finally:
+        a.close()
+        b.close()

@@ -89,7 +89,7 @@ def _alternate(rounds: int, direct: Callable[[], dict], proxied: Callable[[], di
 
 def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2,
         partitions: tuple[int, ...] = (100, 1000, 10_000, 50_000), progress: Callable[[str], None] = print,
-        proxy_ip: str = "127.0.0.31") -> dict[str, Any]:
+        proxy_ip: str = "127.0.0.31", fetch_max_version: int | None = None) -> dict[str, Any]:
     from proxy.bench_rewrite import bench_metadata_rewrite
 
     with tempfile.TemporaryDirectory(prefix="kproxy-bench-") as tmp:
@@ -102,13 +102,15 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
             bootstrap = cluster.bootstrap_servers
         try:
             cfg = fleet_config(Path(tmp) / "fleet.toml", bootstrap.split(","), 1, first_ip=int(proxy_ip.split(".")[-1]),
-                               fleet=False, log_format="json")
+                               fleet=False, log_format="json",
+                               extra={"limits": {"fetch_max_version": fetch_max_version}} if fetch_max_version else None)
             node = NodeProcess(cfg, "p1", proxy_ip, 9400, Path(tmp) / "p1.log").start()
             node.wait_ready(60)
             proxied_bs = f"{proxy_ip}:9092"
             meter = _ProxyMeter(node)
             cpu0, bytes0 = meter.sample()
-            results: dict[str, Any] = {"records": records, "record_bytes": 1024, "rounds": rounds}
+            results: dict[str, Any] = {"records": records, "record_bytes": 1024, "rounds": rounds,
+                                       "fetch_max_version": fetch_max_version or "default"}
             for name, props in (("small_batches", {}), ("1mb_batches", {"batch.size": 1 << 20, "linger.ms": 20,
                                                                          "max.request.size": 2 << 20})):
                 topics = {"direct": f"bench-{name}-direct-{uuid.uuid4().hex[:6]}",

@@ -564,8 +564,31 @@ def die_with_parent(sig: int = signal.SIGTERM) -> None:
         pass
 
 
+def watch_parent(stop: Stop, period_s: float = 1.0) -> threading.Thread:
+    """Stop (cleanly, as on SIGTERM) when the parent process dies: no orphan keeps producing.
+
+    Not PR_SET_PDEATHSIG: it fires when the parent *thread* exits, and trio spawns processes
+    from worker threads that end while the child lives on.
+    """
+    parent = os.getppid()
+
+    def run() -> None:
+        while not stop.wait(period_s):  # bounded by the stop deadline
+            if os.getppid() != parent:
+                log.warning("parent %d is gone: stopping", parent)
+                stop.event.set()
+                for fn in stop.on_signal:
+                    fn(signal.SIGTERM)
+
+    thread = threading.Thread(target=run, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def _run_java(cmd: list[str], stop: Stop, on_event: Any) -> int:
     """Run a verifiable tool; feed each JSON line to ``on_event``; forward SIGTERM; return its exit code."""
+    # The JVM is spawned by this process's main thread, which lives as long as the process: here
+    # PR_SET_PDEATHSIG is right, and SIGKILLs the JVM if this wrapper dies without forwarding.
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, bufsize=1,
                             preexec_fn=lambda: die_with_parent(signal.SIGKILL))
     stop.on_signal.append(lambda signum: _signal(proc, signal.SIGTERM))
@@ -714,10 +737,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stop = Stop(a.duration_s)
     stop.install()
-    parent = os.getppid()
-    die_with_parent(signal.SIGTERM)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        stop.event.set()
+    watch_parent(stop)
     writer = TraceWriter(a.trace_dir, a.client_id, a.run_id)
     trace: ProducerTrace | ConsumerTrace
     if a.role == "producer":

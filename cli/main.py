@@ -16,8 +16,10 @@ import click
 # `kproxy --help` does not pay for pyspark or uvloop.
 SUBCOMMANDS: dict[str, str] = {
     "kafka": "cli.kafka_cmd:kafka",
+    "report": "cli.report_cmd:report",
     "run": "cli.run_cmd:run",
     "bench": "cli.bench_cmd:bench",
+    "drill": "cli.drill_cmd:drill",
 }
 
 

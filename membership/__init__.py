@@ -1,1 +1,34 @@
-"""kproxy membership package."""
+"""kproxy membership: the Raft-replicated fleet table and failure detection.
+
+Theory of operation
+-------------------
+The fleet's proxies replicate one small state machine with pysyncobj (Raft):
+members and their advertised addresses, which members are up, which are
+draining, the upstream brokers, and the owners table ``broker_id ->
+proxy_id`` with an epoch that grows by one on every accepted change.
+
+* ``state`` / ``commands`` — the pure core. ``FleetState.apply(command)``
+  reads no clock, randomness or ``hash()``; every replica replaying the log
+  reaches the same state. Intent commands (Join, SetBrokers, Drain, Undrain)
+  are unconditional and idempotent; the leader's decisions (MarkDown, MarkUp,
+  Reassign) are conditional on the expected epoch, idempotent, and carry the
+  owners table computed by ``topology.assign``.
+* ``planner`` — the leader's decisions as a pure function of (state, liveness
+  view, time): deaths are marked down together with the new table in one
+  commit; a returning node is marked up at once and gets identities by a
+  second commit after ``rebalance_delay`` of continuous liveness; drains
+  move identities at once. A new leader simply re-plans from the log.
+* ``heartbeat`` — UDP heartbeats: process death seen in ~0.1 s (the dead
+  port refuses), a frozen or partitioned node after ``suspect_timeout``.
+* ``effective`` — what the data path advertises: the committed table, or,
+  after ``quorum_lease`` without quorum, the last committed table with the
+  identities of unreachable owners taken over by reachable nodes.
+* ``raft`` — the thin ``SyncObj`` subclass (one ``@replicated`` method per
+  command) and the tuned pysyncobj configuration.
+* ``node.FleetMember`` — the interface the data path uses; ``standalone``
+  runs one member driven by JSON lines.
+
+The pure modules (state, commands, planner, effective) import neither
+pysyncobj nor sockets; the seeded simulation in
+``tests/unit/test_simulation.py`` runs them under faults.
+"""

@@ -114,7 +114,8 @@ class Heartbeat:
 
     def open(self) -> None:
         host, port = self.bind
-        recv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0][0]
+        recv = socket.socket(family, socket.SOCK_DGRAM)
         try:
             recv.bind((host, port))
         except OSError:
@@ -123,7 +124,7 @@ class Heartbeat:
         recv.setblocking(False)
         self._recv = recv
         for peer, addr in sorted(self.peers.items()):
-            s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            s = socket.socket(family, socket.SOCK_DGRAM)
             s.setblocking(False)
             s.bind((host, 0))  # our own address as the source, never another alias
             s.connect(addr)
@@ -166,15 +167,16 @@ class Heartbeat:
         now = self.clock()
         for _ in range(MAX_READS_PER_EVENT):
             try:
-                data, (ip, _port) = self._recv.recvfrom(MAX_DATAGRAM)
+                data, addr = self._recv.recvfrom(MAX_DATAGRAM)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 log.debug("heartbeat recv: %s", exc)
                 return
-            self.receive(data, ip, now)
+            self.receive(data, addr[0], now)
 
     def receive(self, data: bytes, ip: str, now: float) -> None:
+        """Account one datagram from ``ip`` (the socket-free part of on_readable)."""
         msg = decode(self._key, data)
         if msg is None:
             self.rejected += 1

@@ -24,6 +24,7 @@ section (Raft) is optional. Every error names the offending field::
     max_frame_bytes = 104857600          # Kafka's socket.request.max.bytes
     high_water_bytes = 1048576           # pause the other side above this
     connect_timeout_s = 5.0
+    fetch_max_version = 15               # >= 16 rewrites KIP-951 node_endpoints (buffers Fetch)
 
     [logging]
     level = "INFO"
@@ -86,11 +87,20 @@ class NodeConfig:
     rack: str | None = None
 
 
+# Fetch v16+ responses carry KIP-951 node_endpoints (broker addresses) in a
+# tagged field at the *end* of the frame, so rewriting them means holding every
+# Fetch response whole. Capping Fetch at v15 in ApiVersions keeps Fetch
+# cut-through; clients then learn new leaders from Metadata (as before KIP-951).
+# Measured in BENCHMARKS.md; set 18 (or higher) to rewrite instead.
+DEFAULT_FETCH_MAX_VERSION = 15
+
+
 @attrs.frozen
 class Limits:
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     high_water_bytes: int = 1 << 20
     connect_timeout_s: float = 5.0
+    fetch_max_version: int = DEFAULT_FETCH_MAX_VERSION
 
 
 @attrs.frozen
@@ -279,7 +289,11 @@ def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, sourc
         max_frame_bytes=_get(limits_raw, "max_frame_bytes", "limits.max_frame_bytes", int, DEFAULT_MAX_FRAME_BYTES),
         high_water_bytes=_get(limits_raw, "high_water_bytes", "limits.high_water_bytes", int, 1 << 20),
         connect_timeout_s=_get(limits_raw, "connect_timeout_s", "limits.connect_timeout_s", float, 5.0),
+        fetch_max_version=_get(limits_raw, "fetch_max_version", "limits.fetch_max_version", int,
+                               DEFAULT_FETCH_MAX_VERSION),
     )
+    if not 4 <= limits.fetch_max_version <= 100:
+        raise ConfigError("limits.fetch_max_version", "must be between 4 (Kafka 4's oldest Fetch) and 100")
     if not 1024 <= limits.max_frame_bytes <= 1 << 30:
         raise ConfigError("limits.max_frame_bytes", "must be between 1 KiB and 1 GiB")
     if not 4096 <= limits.high_water_bytes <= 1 << 30:

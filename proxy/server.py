@@ -42,6 +42,7 @@ from proxy.upstream import DiscoveryError, UpstreamBroker, discover
 
 log = logging.getLogger("kproxy.proxy")
 BOOTSTRAP = -1  # listener key of the bootstrap port
+FETCH = 1
 DRAIN_TIMEOUT_S = 5.0
 
 
@@ -207,7 +208,10 @@ class UpstreamSide(asyncio.Protocol):
             return
         node.metrics.bytes_down.inc(len(data))
         if out and pair.client is not None:
-            pair.client.writelines(out)
+            if len(out) == 1:  # the common case: one pass-through slice; write() avoids a join
+                pair.client.write(out[0])
+            else:
+                pair.client.writelines(out)
             if pair.tap is not None:
                 pair.tap.writelines(out)
         stalled = pair.codec.responses.stalled
@@ -244,7 +248,8 @@ class ProxyNode:
         self.assignments: Assignments = assignments or StaticAssignments(node_id)
         self.metrics = metrics or ProxyMetrics(node_id)
         self.book = AddressBook(config, self.assignments, self.local)
-        self.rewriter = ResponseRewriter(self.book.address_of, on_brokers=self._brokers_seen)
+        self.rewriter = ResponseRewriter(self.book.address_of, on_brokers=self._brokers_seen,
+                                         version_caps={FETCH: config.limits.fetch_max_version})
         self.metrics.watch_rewrites(self.rewriter.counts)
         self.brokers: dict[int, UpstreamBroker] = {}
         self._servers: dict[int, asyncio.AbstractServer] = {}

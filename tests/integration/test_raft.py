@@ -322,6 +322,33 @@ def test_sigkill_leader_elects_a_new_leader_that_reassigns(fleet):
     assert commit["epoch"] == epoch + 1
 
 
+def test_sigstop_leader_is_replaced_and_rejoins_after_sigcont(fleet):
+    st = fleet.wait_settled({"p1", "p2", "p3"})
+    old = next(iter(st.values()))["leader"]
+    epoch = st[old]["epoch"]
+    survivors = sorted(p for p in HOSTS if p != old)
+
+    t_stop = fleet.members[old].signal(signal.SIGSTOP)
+    try:
+        st = fleet.wait_for(
+            "a new leader that marked the frozen one down",
+            lambda s: all(x["leader"] in survivors and x["epoch"] > epoch
+                          and old not in x["effective"]["owners"].values() for x in s.values()),
+            survivors, timeout=SUSPECT_S + ELECTION_MAX_S + 3,
+        )
+        new = next(iter(st.values()))["leader"]
+        elected = first_event(st[new], t_stop, event="role", role="leader")
+        commit = first_event(st[new], t_stop, event="committed", command="MarkDown")
+        assert elected and commit
+        print(f"\nSIGSTOP leader {old}: new leader {new} elected_ms={1000 * (elected['t'] - t_stop):.0f} "
+              f"markdown_commit_ms={1000 * (commit['t'] - t_stop):.0f}")
+        assert commit["t"] - t_stop <= SUSPECT_S + 1.0
+    finally:
+        fleet.members[old].signal(signal.SIGCONT)
+    # The resumed node learns it was deposed, catches up, and gets identities back.
+    fleet.wait_settled({"p1", "p2", "p3"}, timeout=20)
+
+
 def test_lost_quorum_serves_alone_then_committed_table_wins(fleet):
     st = fleet.wait_settled({"p1", "p2", "p3"})
     table = st["p1"]["assignment"]

@@ -148,6 +148,26 @@ def test_stop_joins_threads_and_closes_sockets():
     udp.close()
 
 
+def test_start_fails_cleanly_when_the_raft_port_is_taken():
+    host = "127.0.0.27"
+    port = free_port(host)
+    squatter = socket.socket()
+    squatter.bind((host, port))
+    squatter.listen(1)
+    try:
+        before = {t.ident for t in threading.enumerate()}
+        m = FleetMember(MemberConfig(node_id="x", members=[MemberSpec(ProxyNode("x", host, 9092), host, port)],
+                                     password="pw"))
+        with pytest.raises(RuntimeError, match="failed to start"):
+            m.start()
+        wait_until("no thread left behind", lambda: {t.ident for t in threading.enumerate()} <= before, timeout=5)
+        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        udp.bind((host, port))  # the heartbeat socket was closed
+        udp.close()
+    finally:
+        squatter.close()
+
+
 def test_heartbeat_sees_a_closed_port_at_once_and_silence_after_the_timeout():
     """The detector's two paths with real sockets: refusal (process death) and silence (freeze)."""
     ha, hb_host = "127.0.0.25", "127.0.0.26"

@@ -1,0 +1,105 @@
+"""Pure parts of the drill harness: client lists, record values, the fleet watcher's diffing, the
+partition address guard. The fleet here is a hand-written view dict (no processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from chaos.drill import client_specs, parse_clients
+from chaos.faults import FleetWatcher, node_up
+from chaos.netfault import PartitionError, check_address
+from chaos.trace import TraceWriter
+from chaos.workloads import Pacer, command, parse_value, record_value
+
+pytestmark = pytest.mark.unit
+
+
+def test_parse_clients():
+    assert parse_clients("aiokafka,java:producer") == (
+        ("aiokafka", "consumer"), ("aiokafka", "producer"), ("java", "producer"))
+    assert parse_clients("confluent, confluent:consumer") == (("confluent", "consumer"), ("confluent", "producer"))
+    for bad in ("rust", "java:reader", "", "java:consumer"):
+        with pytest.raises(ValueError):
+            parse_clients(bad)
+
+
+def test_client_specs_number_producers_and_name_groups():
+    specs = client_specs((("java", "consumer"), ("java", "producer"), ("aiokafka", "producer")), "run7")
+    assert [(s.client_id, s.prefix, s.group) for s in specs] == [
+        ("java-consumer", None, "run7-java-consumer"), ("java-producer", 1, None), ("aiokafka-producer", 2, None)]
+
+
+def test_record_values_round_trip():
+    assert record_value(3, 41) == "3.41"
+    assert parse_value(b"3.41") == ("3.41", 41)
+    assert parse_value("12.0") == ("12.0", 0)
+    for foreign in (None, b"", b"hello", b"3.", b".4", b"a.1", b"1.2.3", b"-1.2"):
+        assert parse_value(foreign) is None
+
+
+def test_command_line():
+    cmd = command("producer", "java", bootstrap="h:1", topic="t", trace_dir="/d", client_id="c", run_id="r",
+                  rate=50, prefix=2, python="py")
+    assert cmd == ["py", "-m", "chaos.workloads", "producer", "--family", "java", "--bootstrap", "h:1", "--topic",
+                   "t", "--trace-dir", "/d", "--client-id", "c", "--run-id", "r", "--rate", "50", "--prefix", "2"]
+    with pytest.raises(ValueError):
+        command("consumer", "java", bootstrap="h:1", topic="t", trace_dir="/d", client_id="c", run_id="r")
+
+
+def test_pacer_keeps_the_schedule_and_does_not_burst_after_a_stall(monkeypatch):
+    now = [100.0]
+    monkeypatch.setattr("chaos.workloads.time.monotonic", lambda: now[0])
+    p = Pacer(10.0)  # one send every 0.1 s
+    assert p.delay_s() == 0.0
+    p.advance()
+    assert p.delay_s() == pytest.approx(0.1)
+    now[0] = 105.0  # stalled 5 s: resume now, no 50 sends in a burst
+    assert p.delay_s() == 0.0
+    p.advance()
+    assert p.delay_s() == pytest.approx(0.1)
+
+
+def test_node_up_prefers_the_fleets_verdict():
+    assert node_up({"id": "p1", "alive": True, "up": False}, {}) is False
+    assert node_up({"id": "p1", "alive": False}, {"members": {"p1": {"up": True}}}) is True
+    assert node_up({"id": "p1", "alive": False}, {}) is False
+    assert node_up({"id": "p1", "alive": True}, {}) is True
+
+
+def _view(epoch, assignment, alive):
+    return {"epoch": epoch, "leader": "p2", "assignment": assignment,
+            "nodes": [{"id": n, "alive": a} for n, a in alive.items()]}
+
+
+def test_watcher_writes_node_down_and_assignment_committed(tmp_path):
+    w = TraceWriter(tmp_path, "fleet", "r1")
+    watcher = FleetWatcher(fleet=None, trace=w)
+    watcher.observe(_view(5, {"1": "p1", "2": "p2", "3": "p3"}, {"p1": True, "p2": True, "p3": True}),
+                    baseline=True)
+    watcher.observe(_view(5, {"1": "p1", "2": "p2", "3": "p3"}, {"p1": True, "p2": True, "p3": True}))
+    watcher.observe(_view(6, {"1": "p1", "2": "p2", "3": "p3"}, {"p1": False, "p2": True, "p3": True}))
+    watcher.observe(_view(6, {"1": "p1", "2": "p2", "3": "p3"}, {"p1": False, "p2": True, "p3": True}))
+    watcher.observe(_view(7, {"1": "p2", "2": "p2", "3": "p3"}, {"p1": False, "p2": True, "p3": True}))
+    watcher.observe(_view(8, {"1": "p1", "2": "p2", "3": "p3"}, {"p1": True, "p2": True, "p3": True}))
+    w.close()
+    events = [json.loads(line) for line in (tmp_path / "fleet.jsonl").read_text().splitlines()]
+    got = [(e["event"], e["node"], e["epoch"], e["detail"]) for e in events]
+    assert got == [
+        ("node_down", "p1", 6, None),
+        ("assignment_committed", None, 7, json.dumps({"1": "p2", "2": "p2", "3": "p3"}, sort_keys=True)),
+        ("assignment_committed", None, 8, json.dumps({"1": "p1", "2": "p2", "3": "p3"}, sort_keys=True)),
+    ]
+    first_down = events[0]["ts_ns"]
+    assert watcher.down_since("p1", first_down) and not watcher.down_since("p1", first_down + 1)
+    assert not watcher.down_since("p2", 0)
+    assert watcher.committed_since(events[2]["ts_ns"]) and not watcher.committed_since(events[2]["ts_ns"] + 1)
+    assert watcher.alive == {"p1": True, "p2": True, "p3": True}
+
+
+def test_partition_only_on_proxy_loopback_addresses():
+    assert check_address("127.0.0.12") == "127.0.0.12"
+    for bad in ("127.0.0.1", "10.0.0.5", "192.168.1.1", "::1"):
+        with pytest.raises((PartitionError, ValueError)):
+            check_address(bad)

@@ -105,11 +105,14 @@ class Limits:
 
 @attrs.frozen
 class FleetConfig:
+    """Raft and failure detection; relationships are validated by membership.config."""
+
     password: str
-    raft_min_timeout_s: float = 0.2
-    raft_max_timeout_s: float = 0.4
-    dead_after_s: float = 1.0
-    lease_s: float = 2.0
+    raft_min_timeout_s: float = 0.3
+    raft_max_timeout_s: float = 0.6
+    dead_after_s: float = 1.0   # a frozen or partitioned node is declared down after this
+    lease_s: float = 1.5        # without quorum this long, a node advertises itself for unreachable owners
+    rebalance_delay_s: float = 1.0
 
 
 @attrs.frozen
@@ -319,10 +322,11 @@ def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, sourc
             raise ConfigError("fleet.password", "Raft traffic is pickle: a password (or password_env) is required")
         fleet = FleetConfig(
             password=password,
-            raft_min_timeout_s=_get(fleet_raw, "raft_min_timeout_s", "fleet.raft_min_timeout_s", float, 0.2),
-            raft_max_timeout_s=_get(fleet_raw, "raft_max_timeout_s", "fleet.raft_max_timeout_s", float, 0.4),
+            raft_min_timeout_s=_get(fleet_raw, "raft_min_timeout_s", "fleet.raft_min_timeout_s", float, 0.3),
+            raft_max_timeout_s=_get(fleet_raw, "raft_max_timeout_s", "fleet.raft_max_timeout_s", float, 0.6),
             dead_after_s=_get(fleet_raw, "dead_after_s", "fleet.dead_after_s", float, 1.0),
-            lease_s=_get(fleet_raw, "lease_s", "fleet.lease_s", float, 2.0),
+            lease_s=_get(fleet_raw, "lease_s", "fleet.lease_s", float, 1.5),
+            rebalance_delay_s=_get(fleet_raw, "rebalance_delay_s", "fleet.rebalance_delay_s", float, 1.0),
         )
         for name in ("raft_min_timeout_s", "raft_max_timeout_s", "dead_after_s", "lease_s"):
             _positive(getattr(fleet, name), f"fleet.{name}")

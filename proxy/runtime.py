@@ -12,6 +12,7 @@ import asyncio
 import logging
 import os
 import signal
+import time
 from typing import Any
 
 import uvloop
@@ -19,6 +20,8 @@ import uvloop
 from proxy.admin import AdminServer
 from proxy.config import Config
 from proxy.server import ProxyNode
+
+GRACEFUL_DRAIN_S = 5.0
 
 log = logging.getLogger("kproxy.runtime")
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP, "TERM": signal.SIGTERM}
@@ -29,7 +32,8 @@ class NodeRuntime:
         self.config = config
         self.node_id = node_id
         self.local = config.node(node_id)
-        self.proxy = ProxyNode(config, node_id)
+        self.proxy = ProxyNode(config, node_id, fleet=config.fleet is not None)
+        self.link: Any = None  # proxy.fleet.FleetLink when [fleet] is configured
         self.admin: AdminServer | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stopped = asyncio.Event()
@@ -46,9 +50,18 @@ class NodeRuntime:
 
     def status(self) -> dict[str, Any]:
         data = self._call_in_loop(self.proxy.status)
-        epoch, owners = self.proxy.assignments.owners()
-        data.update({"epoch": epoch, "assignment": {str(k): v for k, v in sorted(owners.items())},
-                     "role": "standalone", "pid": os.getpid(), "ready": self.ready})
+        book = self.proxy.book
+        data.update({"epoch": book.epoch, "assignment": {str(k): v for k, v in sorted(book.owners.items())},
+                     "role": "standalone", "term": 0, "leader": self.node_id, "has_quorum": True,
+                     "pid": os.getpid(), "ready": self.ready})
+        if self.link is not None:
+            member = self.link.status()
+            member.pop("brokers", None)  # the data path's broker list (with addresses) is richer
+            member["committed_assignment"] = member.pop("assignment")
+            data.update(member)
+            # What this node advertises right now (the effective table, degraded mode included).
+            data["assignment"] = {str(k): v for k, v in sorted(book.owners.items())}
+            data["epoch"] = book.epoch
         return data
 
     def _kill(self, body: dict[str, Any]) -> dict[str, Any]:
@@ -60,21 +73,41 @@ class NodeRuntime:
         return {"node": self.node_id, "signal": name}
 
     def _drain(self, body: dict[str, Any]) -> dict[str, Any]:
-        target = body.get("node", self.node_id)
-        if target != self.node_id:
-            raise LookupError(f"node {target!r} is not this node and there is no fleet to forward to")
-        moved = self._call_in_loop(self.proxy.drain_all)
-        return {"node": self.node_id, "connections_drained": moved}
+        target = str(body.get("node", self.node_id))
+        if self.link is None:
+            if target != self.node_id:
+                raise LookupError(f"node {target!r} is not this node and there is no fleet to forward to")
+            moved = self._call_in_loop(self.proxy.drain_all)
+            return {"node": target, "connections_drained": moved}
+        if target not in {n.id for n in self.config.nodes}:
+            raise LookupError(f"no node {target!r} in the fleet")
+        epoch = self.link.member.drain(target)  # publishes the new map; the node drains on seeing it
+        return {"node": target, "epoch": epoch}
+
+    def _undrain(self, body: dict[str, Any]) -> dict[str, Any]:
+        target = str(body.get("node", self.node_id))
+        if self.link is None:
+            raise LookupError("no fleet: nothing to undrain")
+        if target not in {n.id for n in self.config.nodes}:
+            raise LookupError(f"no node {target!r} in the fleet")
+        return {"node": target, "epoch": self.link.member.undrain(target)}
 
     # -------------------------------------------------------------- running
     async def serve(self) -> None:
         self.loop = asyncio.get_running_loop()
         await self.proxy.start()
+        if self.config.fleet is not None:
+            from membership.node import FleetMember
+            from proxy.fleet import FleetLink, member_config
+
+            self.link = FleetLink(self.proxy, FleetMember(member_config(self.config, self.node_id)), self.loop)
+            self.link.start()
+            self.loop.run_in_executor(None, self._rejoin)
         if self.local.admin_port is not None:
             self.admin = AdminServer(
                 self.local.host, self.local.admin_port, token=self.config.admin_token, status=self.status,
                 metrics=self.proxy.metrics.render, ready=lambda: self.ready,
-                actions={"kill": self._kill, "drain": self._drain})
+                actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain})
             self.admin.start()
         self.ready = True
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -86,11 +119,43 @@ class NodeRuntime:
         finally:
             await self.shutdown()
 
+    def _rejoin(self) -> None:
+        """A (re)started node wants to serve: undo a drain left from its last shutdown."""
+        member = self.link.member
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not self._stopped.is_set():
+            if self.node_id not in member.committed_state().draining and member.status()["leader"]:
+                if member.committed_state().epoch > 0:
+                    return
+            elif member.status()["leader"]:
+                try:
+                    member.undrain(self.node_id, timeout=5)
+                    return
+                except Exception as exc:  # no leader yet, commit lost: retry until the deadline
+                    log.info("undrain on start not done yet", extra={"reason": repr(exc)})
+            time.sleep(0.2)
+
+    async def graceful_drain(self) -> None:
+        """SIGTERM: publish a map without this node first, then move its clients (DESIGN §4)."""
+        if self.link is not None and self.link.member.status()["has_quorum"]:
+            try:
+                await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: self.link.member.drain(self.node_id, timeout=GRACEFUL_DRAIN_S))
+            except Exception as exc:
+                log.warning("could not publish a map without this node", extra={"reason": repr(exc)})
+        self.proxy.drain_all()
+        deadline = time.monotonic() + GRACEFUL_DRAIN_S
+        while self.proxy.connections and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+
     async def shutdown(self) -> None:
         self.ready = False
+        await self.graceful_drain()
         if self.admin is not None:
             self.admin.stop()
         await self.proxy.stop()
+        if self.link is not None:
+            self.link.member.stop()
 
 
 def run(config: Config, node_id: str) -> None:

@@ -15,10 +15,10 @@ response chunks are written to the client as received except frames that must
 be rewritten. Backpressure runs both ways: when one side's write buffer goes
 above ``limits.high_water_bytes`` the other side stops reading.
 
-Which proxy advertises which broker identity is *not* decided here: an
-``Assignments`` source (static for a single node, the Raft table in a fleet)
-answers ``owner_of(broker_id)``; the :class:`AddressBook` turns owner + port
-scheme into the advertised host:port. When an identity moves away from this
+Which proxy advertises which broker identity is *not* decided here: the owner
+table is pushed in by ``apply_assignment`` (the fleet's committed table), or,
+for a node without a fleet, this node owns every identity it has bound; the
+:class:`AddressBook` turns owner + port scheme into the advertised host:port. When an identity moves away from this
 node, the clients connected to it here are drained: reading stops, in-flight
 responses are flushed, then the socket is closed (FIN) so the client refreshes
 metadata and reconnects to the new owner (DESIGN §4).
@@ -31,7 +31,7 @@ import itertools
 import logging
 import os
 import time
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Mapping
 
 from proxy.codec import ConnectionCodec
 from proxy.config import Config, HostPort, NodeConfig
@@ -46,43 +46,34 @@ FETCH = 1
 DRAIN_TIMEOUT_S = 5.0
 
 
-class Assignments(Protocol):
-    """Where the data path reads the advertised map from (never decides it)."""
-
-    def owners(self) -> tuple[int, Mapping[int, str]]:
-        """(epoch, broker_id -> proxy node id) currently in effect."""
-        ...
-
-
-class StaticAssignments:
-    """A single node with no fleet: this node advertises every identity."""
-
-    def __init__(self, node_id: str) -> None:
-        self.node_id = node_id
-        self.brokers: set[int] = set()
-
-    def owners(self) -> tuple[int, Mapping[int, str]]:
-        return 0, {b: self.node_id for b in self.brokers}
-
-
 class AddressBook:
-    """broker id -> the host:port clients are told, from owner and port scheme."""
+    """broker id -> the host:port clients are told, from the owner table and port scheme.
 
-    def __init__(self, config: Config, assignments: Assignments, local: NodeConfig) -> None:
+    The owner table is pushed in (``update``) by whoever owns it: the fleet's
+    committed assignment, or, for a node without a fleet, "this node owns every
+    identity it has bound". Lookups are a dict read: they run per broker per
+    address-carrying response.
+    """
+
+    def __init__(self, config: Config, local: NodeConfig) -> None:
         self.config = config
-        self.assignments = assignments
         self.local = local
         self._hosts = {n.id: n.host for n in config.nodes}
         self.bound: set[int] = set()  # identities this node has listeners for
+        self.epoch = 0
+        self.owners: dict[int, str] = {}
+
+    def update(self, epoch: int, owners: Mapping[int, str]) -> None:
+        self.epoch = epoch
+        self.owners = dict(owners)
 
     def address_of(self, broker_id: int) -> tuple[str, int] | None:
         if broker_id not in self.bound:
             return None  # never advertise an identity before its listener is bound here
-        _, owners = self.assignments.owners()
-        owner = owners.get(broker_id)
+        owner = self.owners.get(broker_id)
         host = self._hosts.get(owner) if owner is not None else None
         if host is None:
-            host = self.local.host  # unassigned (yet): this node serves it
+            host = self.local.host  # not in the table (yet): this node serves it
         return host, self.config.broker_port(broker_id)
 
 
@@ -240,14 +231,15 @@ class UpstreamSide(asyncio.Protocol):
 class ProxyNode:
     """One proxy node's data path. ``await start()``, ``await stop()``."""
 
-    def __init__(self, config: Config, node_id: str, assignments: Assignments | None = None,
+    def __init__(self, config: Config, node_id: str, *, fleet: bool = False,
                  metrics: ProxyMetrics | None = None) -> None:
+        """``fleet=False``: this node advertises every identity itself. With a
+        fleet, the owner table comes from ``apply_assignment``."""
         self.config = config
         self.local = config.node(node_id)
-        self.static = assignments is None
-        self.assignments: Assignments = assignments or StaticAssignments(node_id)
+        self.fleet = fleet
         self.metrics = metrics or ProxyMetrics(node_id)
-        self.book = AddressBook(config, self.assignments, self.local)
+        self.book = AddressBook(config, self.local)
         self.rewriter = ResponseRewriter(self.book.address_of, on_brokers=self._brokers_seen,
                                          version_caps={FETCH: config.limits.fetch_max_version})
         self.metrics.watch_rewrites(self.rewriter.counts)
@@ -274,12 +266,22 @@ class ProxyNode:
                 log.warning("upstream not reachable yet", extra={"reason": str(exc)})
                 await asyncio.sleep(0.5)
         await self._learn(brokers)
-        server = await asyncio.get_running_loop().create_server(
-            lambda: ClientSide(self, BOOTSTRAP), self.local.host, self.local.bootstrap_port, reuse_address=True)
-        self._servers[BOOTSTRAP] = server
+        await self._bind_bootstrap()
         self._spawn(self._refresh_loop())
         log.info("proxy node serving", extra={"node": self.local.id, "bootstrap": self.bootstrap_address,
                                               "brokers": sorted(self.brokers)})
+
+    async def _bind_bootstrap(self) -> None:
+        if BOOTSTRAP not in self._servers:
+            self._servers[BOOTSTRAP] = await asyncio.get_running_loop().create_server(
+                lambda: ClientSide(self, BOOTSTRAP), self.local.host, self.local.bootstrap_port, reuse_address=True)
+
+    async def undrain(self) -> None:
+        """Serve again after ``drain_all``: bind every listener again."""
+        self.draining = False
+        await self._learn(list(self.brokers.values()))
+        await self._bind_bootstrap()
+        log.info("node serving again", extra={"node": self.local.id})
 
     async def stop(self) -> None:
         for server in self._servers.values():
@@ -290,6 +292,10 @@ class ProxyNode:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._servers.clear()
+
+    @property
+    def connections(self) -> int:
+        return len(self._pairs)
 
     @property
     def bootstrap_address(self) -> str:
@@ -322,8 +328,8 @@ class ProxyNode:
                     self._servers[b.node_id] = await asyncio.get_running_loop().create_server(
                         lambda bid=b.node_id: ClientSide(self, bid), self.local.host, port, reuse_address=True)
                     self.book.bound.add(b.node_id)
-                    if isinstance(self.assignments, StaticAssignments):
-                        self.assignments.brokers.add(b.node_id)
+                    if not self.fleet:
+                        self.book.owners[b.node_id] = self.local.id
                     log.info("listener bound", extra={"broker": b.node_id, "address": f"{self.local.host}:{port}"})
             if changed:
                 for cb in self._listeners_changed:
@@ -404,6 +410,18 @@ class ProxyNode:
             pair.upstream.resume_reading()
 
     # -------------------------------------------------------------- drain
+    def apply_assignment(self, epoch: int, owners: Mapping[int, str]) -> int:
+        """A new owner table is in effect: use it, and drain the clients of
+        identities that moved away from this node. Returns connections drained."""
+        me = self.local.id
+        moved_away = {b for b, owner in self.book.owners.items() if owner == me and owners.get(b) != me}
+        old_epoch = self.book.epoch
+        self.book.update(epoch, owners)
+        if old_epoch != epoch or moved_away:
+            log.info("assignment in effect", extra={"epoch": epoch, "owners": dict(sorted(owners.items())),
+                                                    "moved_away": sorted(moved_away)})
+        return self.identities_moved(moved_away) if moved_away else 0
+
     def identities_moved(self, moved_away: set[int]) -> int:
         """Drain client connections on identities this node no longer advertises."""
         count = 0
@@ -447,7 +465,6 @@ class ProxyNode:
             pair.close("identity moved: drain deadline reached", level=logging.WARNING)
 
     def status(self) -> dict:
-        epoch, owners = self.assignments.owners()
         return {
             "node": self.local.id,
             "bootstrap": self.bootstrap_address,

@@ -1,0 +1,87 @@
+"""Glue between the data path and the fleet member (membership/), in one process.
+
+The data path never decides the assignment: it reads the member's effective
+table (pushed onto the event loop on every change) and reports the upstream
+brokers it discovered. This module maps the node's TOML config onto the
+member's config; any inconsistency is reported as a ``ConfigError`` naming the
+``fleet.*`` or ``nodes[*]`` field.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from membership.config import ConfigError as MemberConfigError
+from membership.config import MemberConfig, MemberSpec
+from membership.effective import EffectiveAssignment
+from membership.node import FleetMember
+from proxy.config import Config, ConfigError
+from proxy.server import ProxyNode
+from proxy.upstream import UpstreamBroker
+from topology import Broker, PortScheme
+from topology import ProxyNode as TopoNode
+
+log = logging.getLogger("kproxy.fleet")
+
+_FIELD = {"raft_min_timeout": "fleet.raft_min_timeout_s", "raft_max_timeout": "fleet.raft_max_timeout_s",
+          "suspect_timeout": "fleet.dead_after_s", "quorum_lease": "fleet.lease_s",
+          "rebalance_delay": "fleet.rebalance_delay_s", "password": "fleet.password", "members": "nodes"}
+
+
+def member_config(config: Config, node_id: str) -> MemberConfig:
+    assert config.fleet is not None
+    ports = PortScheme(base=config.port_base, explicit=dict(config.port_map))
+    members = []
+    for n in config.nodes:
+        assert n.raft_port is not None
+        members.append(MemberSpec(node=TopoNode(id=n.id, host=n.host, bootstrap_port=n.bootstrap_port, rack=n.rack,
+                                                ports=ports),
+                                  raft_host=n.host, raft_port=n.raft_port))
+    f = config.fleet
+    try:
+        return MemberConfig(node_id=node_id, members=tuple(members), password=f.password,
+                            raft_min_timeout=f.raft_min_timeout_s, raft_max_timeout=f.raft_max_timeout_s,
+                            connection_timeout=max(1.0, f.raft_max_timeout_s),
+                            suspect_timeout=f.dead_after_s, quorum_lease=f.lease_s,
+                            rebalance_delay=f.rebalance_delay_s)
+    except MemberConfigError as exc:
+        raise ConfigError(_FIELD.get(exc.field, f"fleet.{exc.field}"), str(exc)) from None
+
+
+class FleetLink:
+    """Connects one ProxyNode to its FleetMember."""
+
+    def __init__(self, proxy: ProxyNode, member: FleetMember, loop: asyncio.AbstractEventLoop) -> None:
+        self.proxy = proxy
+        self.member = member
+        self.loop = loop
+        self.last: EffectiveAssignment | None = None
+        proxy.on_brokers_changed(self._report_brokers)
+
+    def start(self) -> None:
+        self.member.start()
+        self._report_brokers(sorted(self.proxy.brokers.values()))
+        self.member.subscribe(self._on_change)
+
+    def _report_brokers(self, brokers: list[UpstreamBroker]) -> None:
+        self.member.set_brokers([Broker(b.node_id, b.host, b.port, b.rack) for b in brokers])
+
+    def _on_change(self, snapshot: EffectiveAssignment) -> None:  # member thread
+        self.loop.call_soon_threadsafe(self._apply, snapshot)
+
+    def _apply(self, snapshot: EffectiveAssignment) -> None:  # event loop
+        if self.last is not None and snapshot.version < self.last.version:
+            return  # an older snapshot overtaken by a newer one
+        self.last = snapshot
+        drained = self.proxy.apply_assignment(snapshot.epoch, snapshot.owner_map())
+        if self.member.node_id in self.member.committed_state().draining and not self.proxy.draining:
+            drained += self.proxy.drain_all()
+        elif self.member.node_id not in self.member.committed_state().draining and self.proxy.draining:
+            self.loop.create_task(self.proxy.undrain())
+        if drained:
+            log.info("moved clients away", extra={"epoch": snapshot.epoch, "connections": drained})
+
+    def status(self) -> dict[str, Any]:
+        return self.member.status()

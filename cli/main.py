@@ -19,7 +19,10 @@ SUBCOMMANDS: dict[str, str] = {
     "report": "cli.report_cmd:report",
     "run": "cli.run_cmd:run",
     "bench": "cli.bench_cmd:bench",
+    "fleet": "cli.fleet_cmd:fleet",
+    "cluster": "cli.fleet_cmd:cluster",
     "drill": "cli.drill_cmd:drill",
+    "demo": "cli.demo_cmd:demo",
 }
 
 

@@ -55,11 +55,13 @@ Subscriber = Callable[[EffectiveAssignment], None]
 
 
 class FleetMember:
-    def __init__(self, config: MemberConfig, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: MemberConfig) -> None:
         config.validate()
         self.config = config
         self.node_id: ProxyId = config.node_id
-        self._clock = clock
+        # Event times (status, subscribers) are time.monotonic(): comparable
+        # across processes on one Linux machine.
+        self._clock = time.monotonic
         self._addr_to_id = {m.raft_address: m.id for m in config.members}
         self._all_ids = frozenset(m.id for m in config.members)
         self._planner = Planner(config.rebalance_delay)

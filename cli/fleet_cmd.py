@@ -1,0 +1,174 @@
+"""`kproxy fleet up|down` and `kproxy cluster status|kill-node|drain|undrain|restart-node`."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from chaos.fleet import FleetError, LocalFleet
+from chaos.kafka_cluster import KafkaError
+from chaos.proxies import ProxyProcessError
+
+state_dir_option = click.option("--state-dir", required=True, type=click.Path(file_okay=False),
+                                help="Directory holding the local fleet's state.")
+console = Console()
+
+
+def _fail(exc: Exception, code: int = 1) -> None:
+    click.echo(f"error: {exc}", err=True)
+    sys.exit(code)
+
+
+def _load(state_dir: str) -> LocalFleet:
+    try:
+        return LocalFleet.load(state_dir)
+    except FleetError as exc:
+        _fail(exc, 2)
+        raise  # unreachable
+
+
+# ------------------------------------------------------------------ fleet
+@click.group()
+def fleet() -> None:
+    """The embedded default: local Kafka + N proxies on 127.0.0.11, .12, …"""
+
+
+@fleet.command("up")
+@click.option("--brokers", type=click.IntRange(1, 9), default=3, show_default=True)
+@click.option("--proxies", type=click.IntRange(1, 9), default=3, show_default=True)
+@state_dir_option
+@click.option("--bootstrap", default=None, help="Use an existing Kafka (host:port,...): start only the proxies.")
+@click.option("--timeout", type=float, default=120.0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def fleet_up(brokers: int, proxies: int, state_dir: str, bootstrap: str | None, timeout: float,
+             as_json: bool) -> None:
+    """Start the fleet, wait for a leader and every identity assigned, print the bootstrap list."""
+    try:
+        f = LocalFleet.up(state_dir, brokers=brokers, proxies=proxies, kafka_bootstrap=bootstrap, timeout=timeout)
+    except (FleetError, KafkaError, ProxyProcessError, OSError) as exc:
+        _fail(exc)
+    view = f.fleet_view()
+    if as_json:
+        click.echo(json.dumps({"bootstrap": f.bootstrap, "epoch": view["epoch"], "leader": view["leader"],
+                               "assignment": view["assignment"], "nodes": [n["id"] for n in view["nodes"]],
+                               "kafka": f.kafka.bootstrap if f.kafka else f.upstream, "state_dir": state_dir}))
+    else:
+        click.echo(f.bootstrap_servers)
+
+
+@fleet.command("down")
+@state_dir_option
+def fleet_down(state_dir: str) -> None:
+    """Stop every process `fleet up` started (proxies, then Kafka)."""
+    f = _load(state_dir)
+    f.down()
+    click.echo(f"stopped proxies {f.node_ids}" + (" and the local Kafka" if f.kafka else ""))
+
+
+# ---------------------------------------------------------------- cluster
+@click.group()
+def cluster() -> None:
+    """Look at and act on a running fleet."""
+
+
+def render_status(view: dict[str, Any], problems: list[str]) -> None:
+    nodes = Table(title=f"kproxy fleet — epoch {view['epoch']}, leader {view['leader'] or '—'}")
+    for col in ("node", "address", "role", "term", "epoch", "quorum", "identities"):
+        nodes.add_column(col)
+    for n in view["nodes"]:
+        role = n["role"] if n["alive"] else "[red]DOWN[/red]"
+        nodes.add_row(n["id"], n["address"], role, str(n["term"] or "—"), str(n["epoch"] or "—"),
+                      {True: "yes", False: "[yellow]no[/yellow]", None: "—"}[n["has_quorum"]],
+                      ", ".join(map(str, n["identities"])) or "—")
+    console.print(nodes)
+    table = Table(title="broker identity → proxy")
+    for col in ("broker", "upstream", "rack", "proxy", "advertised"):
+        table.add_column(col)
+    brokers = {str(b["id"]): b for b in view["brokers"]}
+    for bid, owner in view["assignment"].items():
+        b = brokers.get(bid, {})
+        table.add_row(bid, f"{b.get('host')}:{b.get('port')}" if b else "?", str(b.get("rack") or "—"), owner,
+                      str(b.get("advertised") or "—"))
+    console.print(table)
+    console.print("[green]healthy[/green]" if not problems else "[red]unhealthy:[/red] " + "; ".join(problems))
+
+
+@cluster.command("status")
+@state_dir_option
+@click.option("--json", "as_json", is_flag=True)
+def cluster_status(state_dir: str, as_json: bool) -> None:
+    """Nodes, roles, epoch, broker-id → proxy table, upstream brokers. Exit 1 when unhealthy."""
+    f = _load(state_dir)
+    view = f.fleet_view()
+    problems = LocalFleet.health_problems(view)
+    view["healthy"] = not problems
+    view["problems"] = problems
+    if as_json:
+        click.echo(json.dumps(view))
+    else:
+        render_status(view, problems)
+    sys.exit(1 if problems else 0)
+
+
+@cluster.command("kill-node")
+@click.argument("node")
+@state_dir_option
+@click.option("--signal", "sig", type=click.Choice(["KILL", "STOP", "TERM", "CONT"], case_sensitive=False),
+              default="KILL", show_default=True)
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def kill_node(node: str, state_dir: str, sig: str, yes: bool) -> None:
+    """The drill: send SIGKILL (or STOP/TERM/CONT) to one proxy node."""
+    f = _load(state_dir)
+    if node not in f.node_ids:
+        raise click.BadParameter(f"no node {node!r} (nodes: {', '.join(f.node_ids)})", param_hint="NODE")
+    if not yes:
+        click.confirm(f"Send SIG{sig.upper()} to proxy node {node}?", abort=True)
+    try:
+        f.signal_node(node, sig)
+    except FleetError as exc:
+        _fail(exc)
+    click.echo(f"sent SIG{sig.upper()} to {node}")
+
+
+@cluster.command("drain")
+@click.argument("node")
+@state_dir_option
+def drain(node: str, state_dir: str) -> None:
+    """Move every identity away from NODE without client errors."""
+    f = _load(state_dir)
+    try:
+        result = f.drain(node)
+    except FleetError as exc:
+        _fail(exc)
+    click.echo(f"drained {node} at epoch {result.get('epoch')}")
+
+
+@cluster.command("undrain")
+@click.argument("node")
+@state_dir_option
+def undrain(node: str, state_dir: str) -> None:
+    """Let NODE take identities again."""
+    f = _load(state_dir)
+    try:
+        result = f.undrain(node)
+    except FleetError as exc:
+        _fail(exc)
+    click.echo(f"undrained {node} at epoch {result.get('epoch')}")
+
+
+@cluster.command("restart-node")
+@click.argument("node")
+@state_dir_option
+def restart_node(node: str, state_dir: str) -> None:
+    """Stop NODE gracefully (if running), start it again and wait until it serves."""
+    f = _load(state_dir)
+    try:
+        f.restart_node(node)
+    except (FleetError, ProxyProcessError) as exc:
+        _fail(exc)
+    click.echo(f"{node} restarted")

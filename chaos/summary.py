@@ -39,6 +39,14 @@ records
     error). In addition to the shared definitions, ``missed_by_group`` counts,
     per group, the acknowledged records of its topic that this group never read.
 
+max gap (ours, not in the Spark jobs)
+    ``max_gap_ms`` of one client for one fault: the longest interval without a
+    success that overlaps the fault's *window* (not only its instant), built
+    like the RTO gap (the client's first event stands in for a success before
+    its first one; an open end stops at the window end). It catches what the
+    undoing of a fault does to clients (a restarted node taking identities
+    back, a rolling restart's SIGTERM after its drain). Always >= the RTO.
+
 Nothing here reads a clock or a random source: the same trace gives the same
 summary.
 """
@@ -232,6 +240,7 @@ class ClientRto:
     gap_end_ns: int
     rto_ms: float
     recovered: bool
+    max_gap_ms: float = 0.0
 
 
 def rto_per_client(events: list[dict[str, Any]], windows: list[FaultWindow]) -> list[ClientRto]:
@@ -259,8 +268,22 @@ def rto_per_client(events: list[dict[str, Any]], windows: list[FaultWindow]) -> 
             gap_end = first_after if recovered else w.window_end_ns
             assert gap_end is not None
             out.append(ClientRto(run_id, w.fault_idx, w.fault, w.node, w.fault_ts_ns, client_id, family, role,
-                                 gap_start, gap_end, (gap_end - gap_start) / NS_PER_MS, recovered))
+                                 gap_start, gap_end, (gap_end - gap_start) / NS_PER_MS, recovered,
+                                 _max_gap_ns(first_ns, ok, w) / NS_PER_MS))
     return out
+
+
+def _max_gap_ns(first_ns: int, ok: list[int], w: FaultWindow) -> int:
+    """The longest interval without a success that overlaps the window: between consecutive
+    successes (the client's first event standing in for a success before its first one), the
+    open end after the last success ending at the window end, as for the RTO."""
+    points = sorted({first_ns, *ok})
+    best = 0
+    for a, b in zip(points, [*points[1:], None]):
+        end = w.window_end_ns if b is None else min(b, w.window_end_ns)
+        if a <= w.window_end_ns and (b is None or b >= w.window_start_ns):
+            best = max(best, end - a)
+    return best
 
 
 def rto_stats(rows: list[ClientRto]) -> dict[str, dict[str, dict[str, Any]]]:
@@ -387,6 +410,10 @@ def summarize_events(events: list[dict[str, Any]], *, fault: str | None = None, 
         }
         for family, rs in sorted(by_family.items())
     }
+    max_gap_ms = {
+        family: {**stats_ms([r.max_gap_ms for r in rs]), "clients": len(rs)}
+        for family, rs in sorted(by_family.items())
+    }
     fo = failover(events, windows)
     records = record_outcomes(events)
     unrecovered = [r for r in rto if not r.recovered]
@@ -404,6 +431,7 @@ def summarize_events(events: list[dict[str, Any]], *, fault: str | None = None, 
         "trace_dir": trace_dir,
         "rto_ms": rto_ms,
         "rto_ms_by_fault": by_fault,
+        "max_gap_ms": max_gap_ms,
         "lost": len(records.lost),
         "duplicated": len(records.duplicated),
         "duplicated_extra_deliveries": records.duplicated_extra,
@@ -435,7 +463,7 @@ def summarize_events(events: list[dict[str, Any]], *, fault: str | None = None, 
         "failover_ms": stats_ms([f.failover_ms for f in fo if f.failover_ms is not None]),
         "clients": [
             {"run_id": r.run_id, "fault_idx": r.fault_idx, "client_id": r.client_id, "family": r.family,
-             "role": r.role, "rto_ms": r.rto_ms, "recovered": r.recovered}
+             "role": r.role, "rto_ms": r.rto_ms, "recovered": r.recovered, "max_gap_ms": r.max_gap_ms}
             for r in rto
         ],
         "unrecovered": [{"run_id": r.run_id, "fault_idx": r.fault_idx, "client_id": r.client_id} for r in unrecovered],

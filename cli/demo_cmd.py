@@ -53,16 +53,35 @@ def demo(state_dir: str, out_dir: str, clients: str) -> None:
                 console.print(f"[dim]  … {status['phase']}[/dim]")
 
         summary = run_drill(config, Target.of_fleet(fleet), progress)
-        console.print(Rule("4. kproxy cluster status (after the kill: the dead node's identities moved)"))
+        console.print(Rule("4. what the fleet did (fleet events from the trace)"))
+        render_timeline(Path(str(summary.get("trace_dir"))))
+        console.print(Rule("5. kproxy cluster status (the victim restarted and took its identities back)"))
         after = fleet.fleet_view()
         render_status(after, LocalFleet.health_problems(after))
-        console.print(Rule("5. drill summary"))
+        console.print(Rule("6. drill summary"))
         console.print_json(json.dumps(summary, default=str))
         ok = summary.get("passed") is True
         console.print(f"trace: {summary.get('trace_dir')}   (replay it: kproxy report {summary.get('trace_dir')})")
         code = 0 if ok else 1
     finally:
-        console.print(Rule("6. kproxy fleet down"))
+        console.print(Rule("7. kproxy fleet down"))
         fleet.down()
         console.print("stopped every process the demo started")
     sys.exit(code)
+
+
+def render_timeline(trace_dir: Path) -> None:
+    """Fault, detection, each committed map (broker -> proxy) with its epoch, in ms from the fault."""
+    from rich.table import Table
+
+    from chaos.summary import iter_events
+
+    events = sorted((e for e in iter_events(trace_dir) if e["source"] == "fleet"), key=lambda e: e["ts_ns"])
+    t0 = next((e["ts_ns"] for e in events if e["event"] == "fault"), events[0]["ts_ns"] if events else 0)
+    table = Table()
+    for col in ("+ms", "event", "node", "epoch", "broker → proxy"):
+        table.add_column(col)
+    for e in events:
+        table.add_row(f"{(e['ts_ns'] - t0) / 1e6:+.0f}", e["event"], e.get("node") or "", str(e.get("epoch") or ""),
+                      e.get("detail") or "")
+    console.print(table)

@@ -100,12 +100,14 @@ def _print_summary(result: dict[str, Any]) -> None:
     console = Console()
     console.print(f"[bold]drill {result['fault']}[/] x{result['repeat']}  seed {result['seed']}  "
                   f"run {result['run_id']}  ({result['duration_s']:.0f} s)")
-    table = Table(title="RTO (ms) per client family", title_justify="left")
-    for name in ("family", "clients", "p50", "p99", "max", "unrecovered"):
+    table = Table(title="RTO (ms) per client family; max gap = longest gap anywhere in the drill window",
+                  title_justify="left")
+    for name in ("family", "clients", "p50", "p99", "max", "unrecovered", "max gap"):
         table.add_column(name, justify="left" if name == "family" else "right")
     for family, s in sorted(result["rto_ms"].items()):
+        gap = result["max_gap_ms"].get(family, {}).get("max")
         table.add_row(family, str(s["clients"]), f"{s['p50']:.1f}", f"{s['p99']:.1f}", f"{s['max']:.1f}",
-                      str(s["unrecovered"]))
+                      str(s["unrecovered"]), "-" if gap is None else f"{gap:.1f}")
     console.print(table)
     for phase in ("detect_ms", "commit_ms", "failover_ms"):
         s = result[phase]

@@ -73,7 +73,7 @@ class FleetMember:
         self._stop = threading.Event()
         self._cond = threading.Condition()
         self._subscribers: list[Subscriber] = []
-        self._notify_pending: list[Subscriber] = []
+        self._wake = False  # a new snapshot or a new subscriber for the member thread
         # Written by the tick thread, read anywhere (single attribute reads).
         self._effective = EffectiveAssignment(epoch=0, owners=())
         self._state = FleetState()
@@ -167,14 +167,19 @@ class FleetMember:
                 self._hb.close()
 
     def _dispatch_loop(self) -> None:
+        """Give every subscriber each newer snapshot exactly once (bursts coalesce)."""
+        delivered: dict[Subscriber, int] = {}
         while not self._stop.is_set():
             with self._cond:
-                self._cond.wait_for(lambda: self._notify_pending or self._stop.is_set(), timeout=1.0)
-                pending, self._notify_pending = self._notify_pending, []
-            if not pending:
-                continue
+                self._cond.wait_for(lambda: self._wake or self._stop.is_set(), timeout=1.0)
+                self._wake = False
+                subscribers = list(self._subscribers)
+            delivered = {cb: v for cb, v in delivered.items() if cb in subscribers}
             snapshot = self._effective
-            for callback in pending:
+            for callback in subscribers:
+                if delivered.get(callback, -1) >= snapshot.version:
+                    continue
+                delivered[callback] = snapshot.version
                 try:
                     callback(snapshot)
                 except Exception:
@@ -201,7 +206,7 @@ class FleetMember:
         function."""
         with self._cond:
             self._subscribers.append(callback)
-            self._notify_pending.append(callback)
+            self._wake = True
             self._cond.notify_all()
 
         def unsubscribe() -> None:
@@ -519,5 +524,5 @@ class FleetMember:
         self._effective = eff
         self._event(now, "effective", epoch=eff.epoch, version=eff.version, degraded=eff.degraded)
         with self._cond:
-            self._notify_pending = list(self._subscribers)
+            self._wake = True
             self._cond.notify_all()

@@ -98,7 +98,7 @@ def test_drill(fleet, tmp_path, fault, clients):
         assert fault == "partition", result["reason"]
         pytest.skip(result["reason"])
     context = f"seed {seed}, trace {result.get('trace_dir')}\n" + json.dumps(
-        {k: result.get(k) for k in ("errors", "steps", "rto_ms", "faults", "records", "lost_keys",
+        {k: result.get(k) for k in ("errors", "steps", "rto_ms", "max_gap_ms", "faults", "records", "lost_keys",
                                     "duplicated_keys", "missed_by_group", "unrecovered", "workload_exits")},
         indent=1, default=str)
     assert result["errors"] == [], context
@@ -110,6 +110,8 @@ def test_drill(fleet, tmp_path, fault, clients):
     assert set(result["rto_ms"]) == set(clients.split(",")), context
     for family, s in result["rto_ms"].items():
         assert s["unrecovered"] == 0 and s["max"] < RTO_BOUND_MS, context
+        # Undoing the fault (restart, undrain, SIGCONT) must not stall clients either.
+        assert result["max_gap_ms"][family]["max"] < RTO_BOUND_MS, context
     expected_faults = len(fleet.node_ids) if fault == "rolling-restart" else 1
     assert len(result["faults"]) == expected_faults, context
     events = summary.load_events(result["trace_dir"])

@@ -47,6 +47,7 @@ def test_broker_kill_drill_loses_and_duplicates_nothing(kafka_cluster, tmp_path)
     for family, s in result["rto_ms"].items():
         assert s["clients"] == 2 and s["unrecovered"] == 0, context
         assert 0 < s["max"] < RTO_BOUND_MS, context
+        assert s["max"] <= result["max_gap_ms"][family]["max"] < RTO_BOUND_MS, context
     assert result["workload_exits"] == {c: 0 for c in ("aiokafka-consumer", "aiokafka-producer",
                                                        "confluent-consumer", "confluent-producer")}
     assert result["missed_by_group"] and not any(result["missed_by_group"].values()), context

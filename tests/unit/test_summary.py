@@ -240,3 +240,20 @@ def test_summarize_reads_a_directory(tmp_path):
     s = summary.summarize(tmp_path, fault="kill")
     assert s["trace_dir"] == str(tmp_path) and s["lost"] == 2 and s["rto_ms"]["aiokafka"]["max"] == 1150.0
     assert summary.validate_trace(tmp_path) == []
+
+
+def test_max_gap_covers_the_whole_window():
+    rows_a = {r.client_id: r.max_gap_ms for r in summary.rto_per_client(TRACE_A, summary.fault_windows(TRACE_A))}
+    # ap: successes 500 1000 1900 2500 3000, nothing until the window end 9000 -> 6000
+    # ac: last success 3400 -> 9000 = 5600 (the 600 -> 700 gap ends before the window start 1000)
+    # cp: 1800 -> 7000 = 5200 beats 7000 -> 9000 = 2000; kp: 1500 -> 9000 = 7500
+    assert rows_a == {"ap": 6000.0, "ac": 5600.0, "cp": 5200.0, "kp": 7500.0}
+    rows_b = {(r.fault_idx, r.client_id): r for r in summary.rto_per_client(TRACE_B, summary.fault_windows(TRACE_B))}
+    # x, window [1000, 5000]: the RTO gap is 1500 -> 2600 = 1100, but 2600 -> 4000 = 1400 is longer;
+    # 4000 -> 6500 is cut at the window end (1000)
+    assert (rows_b[(0, "x")].rto_ms, rows_b[(0, "x")].max_gap_ms) == (1100.0, 1400.0)
+    # x, window [2000, 8000]: 4000 -> 6500 = 2500 (and 6500 -> 8000 = 1500)
+    assert rows_b[(1, "x")].max_gap_ms == 2500.0
+    s = summary.summarize_events(TRACE_A)
+    assert s["max_gap_ms"]["aiokafka"] == {"p50": 5800.0, "p99": pytest.approx(5996.0), "max": 6000.0, "n": 2,
+                                           "clients": 2}

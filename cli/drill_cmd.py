@@ -9,6 +9,7 @@ injected on this machine (the drill is SKIPPED and says why).
 
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 import sys
@@ -180,7 +181,10 @@ def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: 
                 else:
                     owned_dir = tempfile.mkdtemp(prefix="kproxy-drill-fleet-")
                     click.echo(f"starting a local fleet in {owned_dir}", err=True)
-                    fleet = owned = LocalFleet.up(owned_dir)
+                    kwargs = {}
+                    if "kafka_base_port" in inspect.signature(LocalFleet.up).parameters:
+                        kwargs["kafka_base_port"] = _free_kafka_base_port()
+                    fleet = owned = LocalFleet.up(owned_dir, **kwargs)
             except Exception as exc:  # the fleet's own error types; message says why
                 _fail(f"no local fleet: {exc}")
             target = Target.of_fleet(fleet)

@@ -101,7 +101,7 @@ class NodeRuntime:
             from proxy.fleet import FleetLink, member_config
 
             self.link = FleetLink(self.proxy, FleetMember(member_config(self.config, self.node_id)), self.loop)
-            self.link.start()
+            await self.loop.run_in_executor(None, self.link.start)  # blocks until Raft is up
             self.loop.run_in_executor(None, self._rejoin)
         if self.local.admin_port is not None:
             self.admin = AdminServer(

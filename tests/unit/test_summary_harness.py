@@ -4,11 +4,13 @@ partition address guard. The fleet here is a hand-written view dict (no processe
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
+import trio
 
 from chaos.drill import client_specs, parse_clients
-from chaos.faults import FleetWatcher, node_up
+from chaos.faults import FleetWatcher, node_up, status_view
 from chaos.netfault import PartitionError, check_address
 from chaos.trace import TraceWriter
 from chaos.workloads import Pacer, command, parse_value, record_value
@@ -95,7 +97,58 @@ def test_watcher_writes_node_down_and_assignment_committed(tmp_path):
     assert watcher.down_since("p1", first_down) and not watcher.down_since("p1", first_down + 1)
     assert not watcher.down_since("p2", 0)
     assert watcher.committed_since(events[2]["ts_ns"]) and not watcher.committed_since(events[2]["ts_ns"] + 1)
-    assert watcher.alive == {"p1": True, "p2": True, "p3": True}
+    assert watcher.up == {"p1": True, "p2": True, "p3": True}
+
+
+def _status(node, leader, epoch, committed, up, advertised=None):
+    return {"node": node, "role": "leader" if node == leader else "follower", "leader": leader, "epoch": epoch,
+            "assignment": advertised or committed, "committed_assignment": committed,
+            "members": {m: {"host": "h", "up": u, "draining": False} for m, u in up.items()}}
+
+
+def test_status_view_uses_the_committed_table_and_member_flags():
+    v = status_view(_status("p2", "p2", 4, {"1": "p1"}, {"p1": False, "p2": True}, advertised={"1": "p2"}))
+    assert v["assignment"] == {"1": "p1"} and v["epoch"] == 4
+    assert [(n["id"], node_up(n, v)) for n in v["nodes"]] == [("p1", False), ("p2", True)]
+
+
+class TinyFleet:
+    """In-test fake: answers status() from a script; p1 is 'frozen' (times out)."""
+
+    node_ids = ["p1", "p2", "p3"]
+
+    def __init__(self):
+        self.calls = []
+        self.up = {"p1": True, "p2": True, "p3": True}
+        self.committed = {"1": "p1", "2": "p2", "3": "p3"}
+        self.epoch = 3
+
+    def status(self, node):
+        self.calls.append(node)
+        if node == "p1":
+            raise TimeoutError("p1 does not answer")
+        return _status(node, "p3", self.epoch, dict(self.committed), dict(self.up))
+
+
+def test_watcher_polls_the_leader_and_skips_a_silent_node(tmp_path):
+    fleet = TinyFleet()
+    w = TraceWriter(tmp_path, "fleet", "r1")
+    watcher = FleetWatcher(fleet, w)
+
+    async def main():
+        view = await watcher.view()  # p1 first (no hint yet): fails, then p2, which names p3 leader
+        watcher.observe(view, baseline=True)
+        fleet.up["p1"], fleet.epoch = False, 4
+        watcher.observe(await watcher.view())
+        fleet.committed, fleet.epoch = {"1": "p2", "2": "p2", "3": "p3"}, 5
+        watcher.observe(await watcher.view())
+
+    trio.run(main)
+    w.close()
+    assert fleet.calls == ["p1", "p2", "p3", "p3"]
+    events = [json.loads(line) for line in (tmp_path / "fleet.jsonl").read_text().splitlines()]
+    assert [(e["event"], e["node"], e["epoch"]) for e in events] == [("node_down", "p1", 4),
+                                                                      ("assignment_committed", None, 5)]
 
 
 def test_partition_only_on_proxy_loopback_addresses():
@@ -103,3 +156,46 @@ def test_partition_only_on_proxy_loopback_addresses():
     for bad in ("127.0.0.1", "10.0.0.5", "192.168.1.1", "::1"):
         with pytest.raises((PartitionError, ValueError)):
             check_address(bad)
+
+
+class ClockFleet(TinyFleet):
+    """Like TinyFleet, but with the node's own event log stamped with time.monotonic()."""
+
+    def __init__(self):
+        super().__init__()
+        self.events = []
+
+    def status(self, node):
+        s = super().status(node)
+        s["now"], s["events"] = time.monotonic(), list(self.events)
+        return s
+
+
+def test_watcher_takes_the_fleets_own_event_time(tmp_path):
+    fleet = ClockFleet()
+    w = TraceWriter(tmp_path, "fleet", "r1")
+    watcher = FleetWatcher(fleet, w)
+    marks = {}
+
+    async def main():
+        watcher.observe(await watcher.view(), baseline=True)
+        await trio.sleep(0.01)
+        marks["down"] = time.time_ns()
+        fleet.events.append({"t": time.monotonic(), "event": "committed", "command": "MarkDown", "epoch": 4,
+                             "nodes": ["p1"]})
+        fleet.up["p1"] = False
+        await trio.sleep(0.1)  # the poll comes 100 ms after the change
+        marks["commit"] = time.time_ns()
+        fleet.events.append({"t": time.monotonic(), "event": "committed", "command": "Reassign", "epoch": 5})
+        fleet.committed, fleet.epoch = {"1": "p2", "2": "p2", "3": "p3"}, 5
+        await trio.sleep(0.1)
+        watcher.observe(await watcher.view())
+
+    trio.run(main)
+    w.close()
+    down, commit = [json.loads(line) for line in (tmp_path / "fleet.jsonl").read_text().splitlines()]
+    assert (down["event"], down["epoch"], commit["event"], commit["epoch"]) == (
+        "node_down", 4, "assignment_committed", 5)
+    # Stamped at the fleet's event (within 5 ms), not at the poll (100+ ms later).
+    assert abs(down["ts_ns"] - marks["down"]) < 5_000_000
+    assert abs(commit["ts_ns"] - marks["commit"]) < 5_000_000

@@ -1,0 +1,125 @@
+"""run_report and `kproxy report` on the small hand-made drill (tests/spark/traces.py).
+
+small_drill: one kill at 2000 ms; producer p1 (aiokafka) and consumer c1
+(java) both have a 700 ms gap across it; node_down after 150 ms, commit 30 ms
+later; c1 never reads k3 (lost) and reads k5 twice (duplicated).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import cli
+from spark.jobs import run_report
+from tests.spark.traces import small_drill
+
+pytestmark = pytest.mark.spark
+
+REPO = Path(__file__).resolve().parents[2]
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def unhealthy_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return small_drill().write_jsonl(tmp_path_factory.mktemp("unhealthy") / "trace")
+
+
+@pytest.fixture(scope="module")
+def report(spark_session, unhealthy_trace):  # type: ignore[no-untyped-def]
+    return run_report(unhealthy_trace, unhealthy_trace.parent / "out")
+
+
+def test_report_figures(report, unhealthy_trace):  # type: ignore[no-untyped-def]
+    one = {"p50": 700.0, "p99": 700.0, "max": 700.0, "clients": 1, "unrecovered": 0}
+    assert report["rto_ms"] == {"kill": {"aiokafka": one, "java": one}}
+    assert report["detect_ms"]["kill"] == {"p50": 150.0, "p99": 150.0, "max": 150.0, "n": 1, "faults": 1}
+    assert report["commit_ms"]["kill"] == {"p50": 30.0, "p99": 30.0, "max": 30.0, "n": 1, "faults": 1}
+    assert report["failover_ms"]["kill"]["max"] == 180.0
+    assert report["lost"] == {
+        "count": 1,
+        "keys": ["k3"],
+        "records": [{"run_id": "d1", "topic": "t", "key": "k3", "seq": 3}],
+        "truncated": False,
+    }
+    assert report["duplicated"]["count"] == 1
+    assert report["duplicated"]["keys"] == ["k5"]
+    assert report["duplicated"]["records"] == [
+        {"run_id": "d1", "topic": "t", "group": "g1", "key": "k5", "seq": 5, "times": 2}
+    ]
+    assert report["healthy"] is False
+    assert [(r["run_id"], r["events"], r["clients"], r["faults"]) for r in report["runs"]] == [("d1", 107, 2, 1)]
+    assert report["events"] == 107 and report["format"] == "jsonl" and report["files"] == 3
+    assert report["trace_dir"] == str(unhealthy_trace.resolve())
+
+
+def test_report_files(report, unhealthy_trace):  # type: ignore[no-untyped-def]
+    out = unhealthy_trace.parent / "out"
+    assert json.loads((out / "report.json").read_text()) == json.loads(json.dumps(report))
+    assert set(report["plots"]) == {"throughput", "rto_cdf", "failover"}
+    for path in report["plots"].values():
+        assert Path(path).parent == out.resolve()
+        assert Path(path).read_bytes()[:8] == PNG_MAGIC
+    summary = (out / "summary.txt").read_text()
+    assert "UNHEALTHY: 1 lost, 1 duplicated" in summary
+    assert "k3" in summary and "700.0" in summary
+    timeline = (out / "timeline.csv").read_text().splitlines()
+    # run d1 spans 900 (drill_start) .. 5000 (drill_end): buckets 0..41
+    assert timeline[0] == "run_id,bucket,t_ms,acks,consumes,faults"
+    assert len(timeline) == 1 + 42
+
+
+def invoke(*args: str):  # type: ignore[no-untyped-def]
+    return CliRunner().invoke(cli, ["report", *args], catch_exceptions=False)
+
+
+def test_cli_unhealthy_exits_1_and_prints_summary(spark_session, unhealthy_trace, tmp_path):  # type: ignore[no-untyped-def]
+    result = invoke(str(unhealthy_trace), "--out", str(tmp_path / "r"))
+    assert result.exit_code == 1, result.output
+    assert "UNHEALTHY: 1 lost, 1 duplicated" in result.output
+    assert (tmp_path / "r" / "report.json").is_file()
+
+
+def test_cli_healthy_json_exits_0(spark_session, tmp_path):  # type: ignore[no-untyped-def]
+    trace = small_drill(clean=True).write_jsonl(tmp_path / "trace")
+    result = invoke(str(trace), "--json")
+    assert result.exit_code == 0, result.output
+    printed = json.loads(result.stdout)
+    assert printed["lost"]["count"] == 0 and printed["duplicated"]["count"] == 0
+    assert printed["rto_ms"]["kill"]["java"]["max"] == 700.0
+    assert Path(printed["out_dir"]) == (trace / "report").resolve()  # default --out
+
+
+def test_cli_malformed_trace_exits_2_naming_file_and_line(spark_session, tmp_path):  # type: ignore[no-untyped-def]
+    trace = small_drill().write_jsonl(tmp_path / "trace")
+    path = trace / "c1.jsonl"
+    content = path.read_text().splitlines()
+    content[9] = content[9].replace('"offset":9', '"offset":9.0')
+    path.write_text("\n".join(content) + "\n")
+    result = invoke(str(trace))
+    assert result.exit_code == 2
+    assert f"{path}:10: field 'offset' must be a JSON integer, got 9.0" in result.stderr
+
+
+def test_cli_missing_directory_exits_2(tmp_path):  # type: ignore[no-untyped-def]
+    result = CliRunner().invoke(cli, ["report", str(tmp_path / "nope")])
+    assert result.exit_code == 2
+
+
+@pytest.mark.slow
+def test_cli_subprocess_json_stdout_is_only_json(unhealthy_trace, tmp_path):  # type: ignore[no-untyped-def]
+    """A real process: the JVM's logs must not reach stdout."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "cli.main", "report", str(unhealthy_trace), "--out", str(tmp_path / "r"), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert json.loads(proc.stdout)["lost"]["keys"] == ["k3"]

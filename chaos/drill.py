@@ -342,7 +342,7 @@ async def run_drill_async(config: DrillConfig, target: Target, progress: Progres
     }
     (run_dir / "drill.json").write_text(json.dumps(manifest, indent=2) + "\n")
     state: dict[str, Any] = {"phase": "starting", "run_id": run_id, "seed": seed, "fault": config.fault,
-                             "repeat": config.repeat, "drill": 0, "steps": [], "errors": []}
+                             "repeat": config.repeat, "drill": 0, "steps": [], "errors": [], "tracebacks": []}
     fleet_trace = TraceWriter(trace_dir, "fleet", run_id)
     tail = TraceTail(trace_dir)
     groups: dict[str, WorkloadGroup] = {}
@@ -384,9 +384,14 @@ async def run_drill_async(config: DrillConfig, target: Target, progress: Progres
             await _drill_body(config, target, specs, rng, fleet_trace, tail, groups, state, report)
             root.cancel_scope.cancel()
     except Exception as exc:  # noqa: BLE001 - reported in the result and the exit code, never swallowed
-        state["errors"].append("".join(traceback.format_exception(exc)).strip()[-4000:])
+        state["errors"].append(describe_error(exc))
+        with open(run_dir / "errors.log", "a") as fh:
+            fh.write("".join(traceback.format_exception(exc)) + "\n")
     finally:
         fleet_trace.close()
+    if state["tracebacks"]:
+        with open(run_dir / "errors.log", "a") as fh:
+            fh.write("\n".join(state["tracebacks"]))
     report("summarizing")
     invalid = await trio.to_thread.run_sync(summary_mod.validate_trace, trace_dir)
     result = await trio.to_thread.run_sync(
@@ -412,6 +417,30 @@ async def run_drill_async(config: DrillConfig, target: Target, progress: Progres
     (run_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     report("done", passed=result["passed"])
     return result
+
+
+def describe_error(exc: BaseException, limit: int = 1500) -> str:
+    """One line per leaf exception (exception groups flattened): ``Type: message (file:line)``,
+    each message cut to ``limit`` characters from its start."""
+    leaves: list[BaseException] = []
+    stack = [exc]
+    for _ in range(1000):  # bounded walk over nested groups
+        if not stack:
+            break
+        e = stack.pop()
+        if isinstance(e, BaseExceptionGroup):
+            stack.extend(reversed(e.exceptions))
+        else:
+            leaves.append(e)
+    lines = []
+    for e in leaves:
+        tb = traceback.extract_tb(e.__traceback__)[-1:] if e.__traceback__ else []
+        where = f" ({Path(tb[0].filename).name}:{tb[0].lineno} in {tb[0].name})" if tb else ""
+        message = str(e)
+        if len(message) > limit:
+            message = message[:limit] + f" ... ({len(message) - limit} more characters)"
+        lines.append(f"{type(e).__name__}: {message}{where}")
+    return "\n".join(lines)
 
 
 async def _stop_on_signal(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
@@ -460,7 +489,8 @@ async def _drill_body(config: DrillConfig, target: Target, specs: list[ClientSpe
                              f"{tail.lagging(clients, 0)} (see logs/)")
         await _drills(config, target, clients, rng, fleet_trace, tail, state, report, wait_recovered)
     except Exception as exc:  # noqa: BLE001 - a failed step: record it, still stop in order
-        state["errors"].append("".join(traceback.format_exception(exc)).strip()[-4000:])
+        state["errors"].append(describe_error(exc))
+        state["tracebacks"].append("".join(traceback.format_exception(exc)))
     # Orderly stop, also after a failed step, so that "lost" counts records that are really lost.
     report("stopping producers")
     if "producer" in groups:
@@ -503,7 +533,10 @@ async def _drills(config: DrillConfig, target: Target, clients: list[str], rng: 
                 react_timeout_s=config.react_timeout_s, restore_timeout_s=config.restore_timeout_s,
                 stop_timeout_s=config.stop_timeout_s)
             report(f"drill {i + 1}/{config.repeat}: fault")
-            fleet_trace.fleet("drill_start", fault=config.fault)
+            # The fleet as the drill found it, for post-mortems (not read by the summaries).
+            before = None if watcher is None else json.dumps(
+                {"epoch": watcher.epoch, "assignment": watcher.assignment, "up": watcher.up}, sort_keys=True)
+            fleet_trace.fleet("drill_start", fault=config.fault, detail=before)
             try:
                 await faults_mod.INJECT[config.fault](ctx)
             finally:
@@ -514,6 +547,7 @@ async def _drills(config: DrillConfig, target: Target, clients: list[str], rng: 
                         step["watcher_polls"] = watcher.polls
                         step["watcher_failures"] = watcher.failures
                 state["steps"].extend(ctx.steps)
+                state["errors"].extend(ctx.errors)
                 nursery.cancel_scope.cancel()
         since_ns = time.time_ns()
 

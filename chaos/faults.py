@@ -343,6 +343,7 @@ class FaultContext:
     restore_timeout_s: float = 90.0
     stop_timeout_s: float = 30.0
     steps: list[dict[str, Any]] = attrs.Factory(list)
+    errors: list[str] = attrs.Factory(list)  # problems that make the drill fail but do not stop it
 
     def mark_fault(self, node: str | None, ts_ns: int) -> dict[str, Any]:
         self.trace.fleet("fault", fault=self.fault, node=node, ts_ns=ts_ns)
@@ -363,6 +364,15 @@ class FaultContext:
         if self.fleet is not None:
             await self.call(self.fleet.wait_healthy, self.restore_timeout_s,
                             timeout_s=self.restore_timeout_s + 10)
+
+    async def node_pid(self, node: str) -> int | None:
+        """The node's PID from the fleet view (``nodes[].pid``), if the fleet reports it."""
+        assert self.fleet is not None
+        view = await self.call(self.fleet.fleet_view, timeout_s=VIEW_TIMEOUT_S * 3)
+        for n in view.get("nodes", []):
+            if str(n.get("id")) == node and isinstance(n.get("pid"), int):
+                return int(n["pid"])
+        return None
 
     async def live_nodes(self) -> list[str]:
         assert self.fleet is not None
@@ -469,13 +479,17 @@ async def partition(ctx: FaultContext) -> None:
     assert ctx.fleet is not None
     victim = ctx.rng.choice(await ctx.live_nodes())
     address = await ctx.call(ctx.fleet.node_address, victim, timeout_s=10)
+    peers = {await ctx.call(ctx.fleet.node_address, n, timeout_s=10) for n in ctx.fleet.node_ids if n != victim}
+    pid = await ctx.node_pid(victim)
     cut = Partition(address)
     ts = time.time_ns()
     await ctx.call(cut.apply, timeout_s=15)
     step = ctx.mark_fault(victim, ts)
     try:
+        await _check_leaks(ctx, step, pid, address, peers)
         await ctx.await_effects(step)
         await ctx.hold_until(ts)
+        await _check_leaks(ctx, step, pid, address, peers)
     finally:
         with trio.CancelScope(shield=True):
             await ctx.call(cut.heal, timeout_s=15)
@@ -483,6 +497,34 @@ async def partition(ctx: FaultContext) -> None:
         raise FaultFailed(f"{victim} is not alive {ctx.restore_timeout_s:.0f} s after the partition healed")
     ctx.mark_back(step)
     await ctx.wait_healthy()
+
+
+async def _check_leaks(ctx: FaultContext, step: dict[str, Any], pid: int | None, address: str,
+                       peers: set[str]) -> None:
+    """Record the victim's sockets the address partition cannot cut; those reaching fleet peers
+    make the partition a half partition: an error of the drill, with the reason."""
+    from chaos.netfault import foreign_connections
+
+    if pid is None:
+        step["leaks"] = "unknown (no pid in the fleet view)"
+        return
+    try:
+        leaks = await ctx.call(foreign_connections, pid, address, timeout_s=10)
+    except Exception as exc:  # the process may be gone; nothing to report then
+        step["leaks"] = f"unknown ({type(exc).__name__}: {exc})"
+        return
+    to_peers = sorted({f"{local}->{remote}" for _, local, remote in leaks if remote.rsplit(":", 1)[0] in peers})
+    other = sorted({f"{status} {local}->{remote}".strip() for status, local, remote in leaks
+                    if remote.rsplit(":", 1)[0] not in peers})
+    known = step.setdefault("leaks", {"to_peers": [], "other": []})
+    known["to_peers"] = sorted(set(known["to_peers"]) | set(to_peers))
+    known["other"] = sorted(set(known["other"]) | set(other))
+    if to_peers:
+        message = (f"partition of {step['node']} ({address}) is incomplete: its connections "
+                   f"{', '.join(to_peers[:6])} to fleet peers do not use {address}, so the rules on "
+                   f"{address} cannot cut them (bind the node's outgoing sockets to its address)")
+        if message not in ctx.errors:
+            ctx.errors.append(message)
 
 
 async def broker_kill(ctx: FaultContext) -> None:

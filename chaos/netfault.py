@@ -11,6 +11,14 @@ Each partition lives in its own nftables table, ``inet kproxy_drill_<pid>_<a_b_c
 so healing deletes exactly what this process added and nothing else, and a
 leftover of a crashed run is easy to find (``nft list tables``).
 
+Caveat: the rules match addresses, so they cut only what uses the victim's
+address. A socket of the victim process with another local address (an
+outgoing connection the kernel gave the source 127.0.0.1, a listener on
+0.0.0.0) is not cut: the victim is then only half partitioned.
+``foreign_connections`` lists such sockets; the partition fault reports the ones
+that reach fleet peers as an error (the fix belongs to the node: bind outgoing
+sockets to the node's own address, as a real host would).
+
 Needs the ``nft`` binary (Debian package ``nftables``) and CAP_NET_ADMIN.
 ``partition_support()`` probes both by creating and deleting an empty table;
 when it says no, the partition drill is SKIPPED, never faked.
@@ -106,3 +114,18 @@ class Partition:
 
     def __exit__(self, *exc: object) -> None:
         self.heal()
+
+
+def foreign_connections(pid: int, address: str) -> list[tuple[str, str, str]]:
+    """TCP sockets of process ``pid`` that an address partition of ``address`` cannot cut:
+    connections or listeners whose local address is not ``address`` (e.g. an outgoing
+    connection the kernel gave the source 127.0.0.1). Each as (status, local, remote)."""
+    import psutil
+
+    out = []
+    for c in psutil.Process(pid).net_connections(kind="tcp"):
+        if not c.laddr or c.laddr.ip == address:
+            continue
+        remote = f"{c.raddr.ip}:{c.raddr.port}" if c.raddr else ""
+        out.append((c.status, f"{c.laddr.ip}:{c.laddr.port}", remote))
+    return sorted(out)

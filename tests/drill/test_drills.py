@@ -25,7 +25,11 @@ from chaos.workloads import FAMILIES
 
 pytestmark = [pytest.mark.drill, pytest.mark.slow]
 
-RTO_BOUND_MS = 30_000  # generous: a frozen/partitioned peer is noticed after the 10 s request timeout
+RTO_BOUND_MS = 30_000  # generous: a killed or drained node is left within a second or two
+# Silent faults: clients notice only after their 10 s request timeout, and a frozen node's kernel
+# still accepts reconnections to its address, so two timeouts plus backoff are expected.
+SILENT_RTO_BOUND_MS = 45_000
+SILENT = {"freeze", "partition"}
 RATE = 50
 # (fault, client families): every fault with two families, every family in three or four drills.
 CASES = [
@@ -108,10 +112,11 @@ def test_drill(fleet, tmp_path, fault, clients):
     assert result["duplicated"] == 0, context
     assert result["recovered"] is True, context
     assert set(result["rto_ms"]) == set(clients.split(",")), context
+    bound_ms = SILENT_RTO_BOUND_MS if fault in SILENT else RTO_BOUND_MS
     for family, s in result["rto_ms"].items():
-        assert s["unrecovered"] == 0 and s["max"] < RTO_BOUND_MS, context
+        assert s["unrecovered"] == 0 and s["max"] < bound_ms, context
         # Undoing the fault (restart, undrain, SIGCONT) must not stall clients either.
-        assert result["max_gap_ms"][family]["max"] < RTO_BOUND_MS, context
+        assert result["max_gap_ms"][family]["max"] < bound_ms, context
     expected_faults = len(fleet.node_ids) if fault == "rolling-restart" else 1
     assert len(result["faults"]) == expected_faults, context
     events = summary.load_events(result["trace_dir"])

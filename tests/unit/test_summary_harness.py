@@ -9,7 +9,7 @@ import time
 import pytest
 import trio
 
-from chaos.drill import client_specs, parse_clients
+from chaos.drill import client_specs, describe_error, parse_clients
 from chaos.faults import FleetWatcher, node_up, status_view
 from chaos.netfault import PartitionError, check_address
 from chaos.trace import TraceWriter
@@ -199,3 +199,16 @@ def test_watcher_takes_the_fleets_own_event_time(tmp_path):
     # Stamped at the fleet's event (within 5 ms), not at the poll (100+ ms later).
     assert abs(down["ts_ns"] - marks["down"]) < 5_000_000
     assert abs(commit["ts_ns"] - marks["commit"]) < 5_000_000
+
+
+def test_describe_error_flattens_groups_and_keeps_the_head():
+    def fail(exc):
+        try:
+            raise exc
+        except Exception as caught:
+            return caught
+
+    group = ExceptionGroup("outer", [fail(ValueError("x" * 50)), ExceptionGroup("inner", [fail(KeyError("k"))])])
+    lines = describe_error(group, limit=10).splitlines()
+    assert lines[0].startswith("ValueError: xxxxxxxxxx ... (40 more characters) (test_summary_harness.py:")
+    assert lines[1].startswith("KeyError: 'k' (test_summary_harness.py:")

@@ -1,0 +1,187 @@
+"""A real fleet (3 proxies on 127.0.0.11-13) in front of the session's real Kafka."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from click.testing import CliRunner
+
+from chaos import clients
+from chaos.fleet import LocalFleet
+from cli.main import cli
+
+pytestmark = [pytest.mark.drill, pytest.mark.integration]
+
+
+@pytest.fixture(scope="module")
+def fleet(kafka_cluster, tmp_path_factory):
+    f = LocalFleet.up(tmp_path_factory.mktemp("fleet"), kafka_bootstrap=kafka_cluster.bootstrap, timeout=90)
+    try:
+        yield f
+    finally:
+        f.down()
+
+
+def _metadata_brokers(bootstrap: str) -> list[tuple[int, str, int]]:
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 2})
+    md = admin.list_topics(timeout=15)
+    return sorted((b.id, b.host, b.port) for b in md.brokers.values())
+
+
+def _wait(condition, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = condition()
+        if last:
+            return last
+        time.sleep(0.05)
+    raise AssertionError(f"{what} not reached within {timeout}s (last: {last!r})")
+
+
+def test_every_node_answers_metadata_identically(fleet):
+    view = fleet.wait_healthy(30)
+    expected = sorted((int(b), fleet.node_address(owner), 9100 + int(b)) for b, owner in view["assignment"].items())
+    answers = {n: _metadata_brokers(bs) for n, bs in zip(fleet.node_ids, fleet.bootstrap)}
+    assert all(a == expected for a in answers.values()), answers
+    # Rack-aware: broker N (rack-N) is served by the node in rack-N.
+    assert view["assignment"] == {"1": "p1", "2": "p2", "3": "p3"}
+
+
+def test_admin_endpoint(fleet):
+    node = fleet.nodes["p1"]
+    assert node.get("/healthz").json() == {"ok": True}
+    assert node.get("/readyz").status_code == 200
+    metrics = node.get("/metrics").text
+    assert 'kproxy_requests_total{api_key="3",node="p1"}' in metrics
+    assert "kproxy_rewrites_total" in metrics
+    status = node.get("/status").json()
+    assert {"node", "role", "term", "leader", "has_quorum", "epoch", "assignment", "peers", "brokers"} <= set(status)
+    # Actions need the bearer token.
+    assert httpx.post(node.admin_url + "/drain/p2", timeout=5).status_code == 401
+    bad = httpx.post(node.admin_url + "/drain/p2", headers={"Authorization": "Bearer nope"}, timeout=5)
+    assert bad.status_code == 401
+    assert node.post("/drain/p9").status_code == 404
+    assert fleet.fleet_view()["assignment"] == {"1": "p1", "2": "p2", "3": "p3"}
+
+
+def test_cli_status_json_shape(fleet):
+    result = CliRunner().invoke(cli, ["cluster", "status", "--state-dir", str(fleet.state_dir), "--json"])
+    assert result.exit_code == 0, result.output
+    view = json.loads(result.output)
+    assert {"epoch", "leader", "nodes", "assignment", "brokers"} <= set(view)
+    assert [n["id"] for n in view["nodes"]] == ["p1", "p2", "p3"]
+    assert all({"id", "role", "alive", "identities"} <= set(n) for n in view["nodes"])
+    assert sorted(view["assignment"]) == ["1", "2", "3"]
+    assert [b["id"] for b in view["brokers"]] == [1, 2, 3]
+
+
+def test_cli_kill_node_needs_confirmation(fleet):
+    result = CliRunner().invoke(cli, ["cluster", "kill-node", "p2", "--state-dir", str(fleet.state_dir)], input="n\n")
+    assert result.exit_code == 1  # aborted
+    assert fleet.nodes["p2"].alive()
+    bad = CliRunner().invoke(cli, ["cluster", "kill-node", "p7", "--state-dir", str(fleet.state_dir), "--yes"])
+    assert bad.exit_code == 2 and "no node 'p7'" in bad.output
+
+
+def test_drain_moves_identities_without_client_errors(fleet, topic_name):
+    bs = fleet.bootstrap_servers
+    acks = clients.produce("confluent", bs, topic_name, 20, prefix=1)
+    result = CliRunner().invoke(cli, ["cluster", "drain", "p3", "--state-dir", str(fleet.state_dir)])
+    assert result.exit_code == 0, result.output
+    view = fleet.fleet_view()
+    assert "p3" not in view["assignment"].values()
+    acks += clients.produce("aiokafka", bs, topic_name, 20, prefix=2)
+    assert CliRunner().invoke(cli, ["cluster", "undrain", "p3", "--state-dir", str(fleet.state_dir)]).exit_code == 0
+    _wait(lambda: fleet.fleet_view()["assignment"].get("3") == "p3", 20, "p3 serving broker 3 again")
+    got = clients.consume("kafka-python", bs, topic_name, f"g-{topic_name}", 40)
+    assert sorted(c.value for c in got) == sorted(a.value for a in acks)
+
+
+class _SteadyProducer(threading.Thread):
+    """One idempotent confluent producer, acks=all, producing until stopped; records every ack."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        from confluent_kafka import Producer
+
+        self.producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                                  "log_level": 2, "reconnect.backoff.max.ms": 500, "message.timeout.ms": 60000})
+        self.topic = topic
+        self.acked: list[str] = []
+        self.errors: list[str] = []
+        self.stop_flag = threading.Event()
+
+    def _cb(self, err, msg) -> None:  # type: ignore[no-untyped-def]
+        if err is None:
+            self.acked.append(msg.value().decode())
+        else:
+            self.errors.append(str(err))
+
+    def run(self) -> None:
+        i = 0
+        while not self.stop_flag.is_set() and i < 100_000:
+            self.producer.produce(self.topic, key=str(i).encode(), value=f"9.{i}".encode(), on_delivery=self._cb)
+            self.producer.poll(0.01)
+            i += 1
+        self.producer.flush(60)
+
+    def acks_since(self, n: int, timeout: float) -> None:
+        start = len(self.acked)
+        _wait(lambda: len(self.acked) >= start + n, timeout, f"{n} more acks")
+
+
+@pytest.mark.slow
+def test_kill_two_nodes_then_last_serves_everything_then_rebalance(fleet, topic_name):
+    """SIGKILL the node with the most identities, then a second: the last node serves every
+    identity; restart both: identities rebalance. A producer runs throughout; nothing acked is lost."""
+    bs = fleet.bootstrap_servers
+    clients.produce("confluent", bs, topic_name, 1, prefix=0)
+    producer = _SteadyProducer(bs, topic_name)
+    producer.start()
+    try:
+        producer.acks_since(50, 30)
+        view = fleet.wait_healthy(30)
+        before = view["epoch"]
+        first = max(view["nodes"], key=lambda n: (len(n["identities"]), n["id"]))["id"]
+        result = CliRunner().invoke(cli, ["cluster", "kill-node", first, "--state-dir", str(fleet.state_dir), "--yes"])
+        assert result.exit_code == 0, result.output
+        moved = _wait(lambda: (v := fleet.fleet_view())["epoch"] > before and first not in v["assignment"].values()
+                      and v, 10, "identities moved off the first victim")
+        assert len(set(moved["assignment"].values())) == 2
+        status = CliRunner().invoke(cli, ["cluster", "status", "--state-dir", str(fleet.state_dir), "--json"])
+        assert status.exit_code == 1  # a node is down: unhealthy
+        producer.acks_since(50, 30)
+
+        second = sorted(n for n in fleet.node_ids if n != first)[0]
+        last = sorted(n for n in fleet.node_ids if n not in (first, second))[0]
+        fleet.signal_node(second, "KILL")
+        # No quorum any more: after its lease the last node advertises itself for everything.
+        _wait(lambda: set((fleet.status(last).get("assignment") or {}).values()) == {last}, 15,
+              f"{last} advertising every identity")
+        assert _metadata_brokers(f"{fleet.node_address(last)}:9092") == [
+            (b, fleet.node_address(last), 9100 + b) for b in (1, 2, 3)]
+        producer.acks_since(50, 60)
+
+        fleet.restart_node(first)
+        fleet.restart_node(second)
+        healed = fleet.wait_healthy(60)
+        _wait(lambda: len(set(fleet.fleet_view()["assignment"].values())) == 3, 30, "identities rebalanced")
+        assert healed["leader"] is not None
+        producer.acks_since(50, 30)
+    finally:
+        producer.stop_flag.set()
+        producer.join(90)
+    assert not producer.is_alive()
+    assert producer.errors == []
+    acked = set(producer.acked)
+    got = clients.consume("confluent", bs, topic_name, f"g-{topic_name}", len(acked) + 1, timeout=90)
+    values = [c.value for c in got]
+    assert acked <= set(values), f"lost: {sorted(acked - set(values))[:10]}"
+    assert len(values) == len(set(values)), "duplicates"

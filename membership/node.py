@@ -327,7 +327,8 @@ class FleetMember:
         return self._state
 
     def _event(self, now: float, event: str, **fields: Any) -> None:
-        self._events.append({"t": now, "event": event, **fields})
+        # ``ts_ns`` is wall-clock (the drill traces' clock), ``t`` the member's monotonic clock.
+        self._events.append({"t": now, "ts_ns": time.time_ns(), "event": event, **fields})
 
     # ---- the tick (pysyncobj thread) ---------------------------------------------------------
 

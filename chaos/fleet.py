@@ -40,8 +40,9 @@ class LocalFleet:
     @classmethod
     def up(cls, state_dir: str | os.PathLike[str], brokers: int = 3, proxies: int = 3,
            kafka_bootstrap: str | list[str] | None = None, *, racks: list[str] | None = None,
-           timeout: float = 90.0, kafka_base_port: int | None = None,
+           timeout: float = 90.0, kafka_base_port: int | None = None, first_ip: int = 11,
            extra_config: dict[str, Any] | None = None) -> "LocalFleet":
+        """Proxies get 127.0.0.<first_ip>, <first_ip+1>, … (default .11, .12, …)."""
         state = Path(state_dir).resolve()
         state.mkdir(parents=True, exist_ok=True)
         if (state / "fleet.json").exists():
@@ -57,8 +58,8 @@ class LocalFleet:
         else:
             upstream = kafka_bootstrap.split(",") if isinstance(kafka_bootstrap, str) else list(kafka_bootstrap)
         cfg = fleet_config(state / "fleet.toml", upstream, proxies, racks=racks or [f"rack-{i}" for i in (1, 2, 3)],
-                           extra=extra_config)
-        nodes = [NodeProcess(cfg, f"p{i + 1}", node_ip(i), ADMIN_PORT, state / "logs" / f"p{i + 1}.log")
+                           first_ip=first_ip, extra=extra_config)
+        nodes = [NodeProcess(cfg, f"p{i + 1}", node_ip(i, first_ip), ADMIN_PORT, state / "logs" / f"p{i + 1}.log")
                  for i in range(proxies)]
         fleet = cls(state, cfg, nodes, kafka, upstream)
         try:
@@ -160,6 +161,7 @@ class LocalFleet:
         source = max(leaders, key=lambda s: s.get("term", 0)) if leaders else (
             max(answering.values(), key=lambda s: s.get("epoch", 0)) if answering else None)
         assignment = dict(source.get("assignment", {})) if source else {}
+        members = source.get("members", {}) if source else {}
         nodes = []
         for node_id, n in self.nodes.items():
             s = statuses[node_id]
@@ -173,6 +175,8 @@ class LocalFleet:
                 "term": s.get("term") if s else None,
                 "epoch": s.get("epoch") if s else None,
                 "has_quorum": s.get("has_quorum") if s else None,
+                "up": members.get(node_id, {}).get("up"),            # the fleet's committed view
+                "draining": members.get(node_id, {}).get("draining"),
                 "identities": sorted(int(b) for b, owner in assignment.items() if owner == node_id),
             })
         return {

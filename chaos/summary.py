@@ -27,9 +27,11 @@ percentiles
 
 detect / commit
     detect_ms: fault -> the first node_down in the window at or after it.
-    commit_ms: that node_down (or the fault, when nothing was detected, e.g. a
-    drain) -> the first assignment_committed in the window at or after it.
-    failover_ms: fault -> that commit.
+    failover_ms: fault -> the first assignment_committed in the window at or
+    after the fault (for a planned move, drain or rolling restart, the new map
+    is published before the node goes down).
+    commit_ms: that node_down (or the fault, when nothing was detected) -> that
+    commit, 0 when the commit came first.
 
 records
     A record is (run_id, topic, key, seq). Lost: acknowledged and consumed by
@@ -316,8 +318,10 @@ class Failover:
 
     @property
     def commit_ms(self) -> float | None:
+        """node_down (or the fault) -> the commit; 0 when the map was published before
+        the node went down (a planned move: drain, rolling restart)."""
         anchor = self.node_down_ns if self.node_down_ns is not None else self.window.fault_ts_ns
-        return None if self.committed_ns is None else _ms(self.committed_ns - anchor)
+        return None if self.committed_ns is None else max(0.0, _ms(self.committed_ns - anchor))
 
     @property
     def failover_ms(self) -> float | None:
@@ -334,8 +338,9 @@ def failover(events: list[dict[str, Any]], windows: list[FaultWindow]) -> list[F
         m = marks[w.run_id]
         downs = [t for t in m["node_down"] if w.fault_ts_ns <= t <= w.window_end_ns]
         down = min(downs) if downs else None
-        anchor = down if down is not None else w.fault_ts_ns
-        commits = [t for t in m["assignment_committed"] if anchor <= t <= w.window_end_ns]
+        # The first commit after the fault, even one before node_down: a planned move
+        # publishes the new map first and only then stops the node (DESIGN §4).
+        commits = [t for t in m["assignment_committed"] if w.fault_ts_ns <= t <= w.window_end_ns]
         out.append(Failover(w, down, min(commits) if commits else None))
     return out
 

@@ -21,6 +21,7 @@ snapshots (it serialises instance attributes created after ``__init__``).
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
 
@@ -128,3 +129,37 @@ class FleetRaft(SyncObj):
             Reassign: self.reassign,
         }[type(command)]
         method(command, callback=callback)
+
+
+# ---- outgoing source address ------------------------------------------------------------------
+# pysyncobj binds its listening socket to ``bindAddress`` but opens its outgoing
+# connections from whatever address the kernel picks (127.0.0.1 on loopback). A
+# node is then not isolated by filtering its own address (the partition drill),
+# and on a real host the source may be an interface the peers do not expect. One
+# member per process (``kproxy run``) calls ``bind_outgoing(host)`` so every
+# outgoing Raft socket is bound to the node's address first.
+
+class _SourceBoundSockets:
+    """Stands in for the ``socket`` module inside pysyncobj.tcp_connection only."""
+
+    def __init__(self, real: Any, host: str) -> None:
+        self._real = real
+        self._host = host
+
+    def socket(self, family: int = -1, type: int = -1, *args: Any) -> Any:  # noqa: A002
+        s = self._real.socket(family, type, *args)
+        if type == self._real.SOCK_STREAM:
+            s.bind((self._host, 0))
+        return s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+def bind_outgoing(host: str) -> None:
+    """Bind every outgoing pysyncobj connection of this process to ``host``."""
+    import socket as real_socket
+
+    import pysyncobj.tcp_connection as tcp_connection
+
+    tcp_connection.socket = _SourceBoundSockets(real_socket, host)  # type: ignore[attr-defined]

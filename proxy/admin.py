@@ -47,8 +47,10 @@ class AdminServer:
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                # Headers and body in one write: two small writes stall a keep-alive
+                # client for the delayed-ACK interval (~40 ms).
+                self._headers_buffer.append(b"\r\n" + body)  # type: ignore[attr-defined]
+                self.flush_headers()
 
             def _json(self, code: int, obj: Any) -> None:
                 self._send(code, json.dumps(obj, default=str).encode())

@@ -61,6 +61,9 @@ class FleetLink:
         proxy.on_brokers_changed(self._report_brokers)
 
     def start(self) -> None:
+        from membership.raft import bind_outgoing
+
+        bind_outgoing(self.proxy.local.host)  # Raft traffic leaves from this node's own address
         self.member.start()
         self._report_brokers(sorted(self.proxy.brokers.values()))
         self.member.subscribe(self._on_change)

@@ -252,13 +252,16 @@ class ProxyNode:
         self._listeners_changed: list[Callable[[list[UpstreamBroker]], None]] = []
         self.draining = False
         self.started_at = time.time()
+        # Upstream connections leave from this node's own address (like a separate host).
+        self._source = (self.local.host, 0)
 
     # ----------------------------------------------------------- lifecycle
     async def start(self, discovery_timeout: float = 60.0) -> None:
         deadline = time.monotonic() + discovery_timeout
         while True:
             try:
-                brokers = await discover(self.config.upstream, self.config.limits.connect_timeout_s)
+                brokers = await discover(self.config.upstream, self.config.limits.connect_timeout_s,
+                                         source=self.local.host)
                 break
             except DiscoveryError as exc:
                 if time.monotonic() > deadline:
@@ -347,7 +350,8 @@ class ProxyNode:
             await asyncio.sleep(self.config.refresh_interval_s)
             try:
                 candidates = [b.address for b in self.brokers.values()] + list(self.config.upstream)
-                await self._learn(await discover(candidates, self.config.limits.connect_timeout_s))
+                await self._learn(await discover(candidates, self.config.limits.connect_timeout_s,
+                                                 source=self.local.host))
             except DiscoveryError as exc:
                 log.warning("upstream refresh failed", extra={"reason": str(exc)})
 
@@ -369,7 +373,8 @@ class ProxyNode:
                 return
             try:
                 transport, _ = await asyncio.wait_for(
-                    loop.create_connection(lambda: UpstreamSide(pair), address.host, address.port),
+                    loop.create_connection(lambda: UpstreamSide(pair), address.host, address.port,
+                                           local_addr=self._source),
                     self.config.limits.connect_timeout_s)
             except (OSError, asyncio.TimeoutError) as exc:
                 errors.append(f"{address}: {exc!r}")

@@ -68,9 +68,11 @@ def decode_metadata_response(payload: bytes, correlation_id: int) -> list[Upstre
     return sorted(UpstreamBroker(int(b.node_id), b.host, int(b.port), b.rack) for b in response.brokers)
 
 
-async def fetch_brokers(address: HostPort, timeout: float = 5.0) -> list[UpstreamBroker]:
+async def fetch_brokers(address: HostPort, timeout: float = 5.0, source: str | None = None) -> list[UpstreamBroker]:
     cid = next(_correlation)
-    reader, writer = await asyncio.wait_for(asyncio.open_connection(address.host, address.port), timeout)
+    local = (source, 0) if source else None
+    reader, writer = await asyncio.wait_for(
+        asyncio.open_connection(address.host, address.port, local_addr=local), timeout)
     try:
         writer.write(encode_metadata_request(cid))
         size = _LEN.unpack(await asyncio.wait_for(reader.readexactly(4), timeout))[0]
@@ -82,12 +84,13 @@ async def fetch_brokers(address: HostPort, timeout: float = 5.0) -> list[Upstrea
     return decode_metadata_response(payload, cid)
 
 
-async def discover(candidates: Iterable[HostPort], timeout: float = 5.0) -> list[UpstreamBroker]:
-    """Ask each candidate in turn; the first answer wins."""
+async def discover(candidates: Iterable[HostPort], timeout: float = 5.0,
+                   source: str | None = None) -> list[UpstreamBroker]:
+    """Ask each candidate in turn (from ``source`` if given); the first answer wins."""
     errors = []
     for address in candidates:
         try:
-            return await fetch_brokers(address, timeout)
+            return await fetch_brokers(address, timeout, source)
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, DiscoveryError, ValueError) as exc:
             errors.append(f"{address}: {exc!r}")
     raise DiscoveryError("no upstream broker answered Metadata: " + "; ".join(errors))

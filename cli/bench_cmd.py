@@ -34,3 +34,34 @@ def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_max_vers
     for key in ("produce_ratio", "fetch_ratio", "proxy_cpu_s_per_gb", "latency_added_ms", "metadata_rewrite_us",
                 "targets"):
         click.echo(f"{key}: {results[key]}")
+
+
+@bench.command("failover")
+@click.option("--drills", type=click.IntRange(1, 500), default=20, show_default=True, help="SIGKILL drills.")
+@click.option("--drains", type=click.IntRange(0, 100), default=5, show_default=True, help="Graceful drain drills.")
+@click.option("--clients", default=None, help="family:role list (default: 4 producer families, 2 consumers).")
+@click.option("--rate", type=float, default=50.0, show_default=True, help="Records/s per producer.")
+@click.option("--state-dir", default=None, help="Use a running local fleet instead of starting one.")
+@click.option("--out", "out_dir", default=None, help="Keep the traces here.")
+@click.option("--seed", type=int, default=None)
+@click.option("--json", "as_json", is_flag=True)
+def bench_failover(drills: int, drains: int, clients: str | None, rate: float, state_dir: str | None,
+                   out_dir: str | None, seed: int | None, as_json: bool) -> None:
+    """RTO per client family over many SIGKILL drills (and drains), detection and commit times."""
+    from chaos.bench_failover import DEFAULT_CLIENTS, run
+
+    console = Console(stderr=True)
+    phases: list[str] = []
+
+    def progress(status: dict) -> None:
+        if status.get("phase") and status["phase"] not in phases[-1:]:
+            phases.append(status["phase"])
+            console.print(f"[dim]… {status['phase']}[/dim]")
+
+    results = run(drills=drills, drains=drains, clients=clients or DEFAULT_CLIENTS, rate=rate, state_dir=state_dir,
+                  out_dir=out_dir, seed=seed, progress=progress)
+    if as_json:
+        click.echo(json.dumps(results, indent=2, default=str))
+        return
+    for key in ("drills", "rto_ms", "detect_ms", "commit_ms", "lost", "duplicated", "drain", "targets"):
+        click.echo(f"{key}: {results.get(key)}")

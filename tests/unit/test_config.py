@@ -1,0 +1,83 @@
+"""A bad config exits with a message naming the field; a good one parses."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from cli.main import cli
+from proxy.config import ConfigError, parse
+
+pytestmark = [pytest.mark.unit]
+
+GOOD = {
+    "upstream": {"bootstrap": ["127.0.0.1:19092"]},
+    "ports": {"base": 9100},
+    "nodes": [{"id": "p1", "host": "127.0.0.11", "bootstrap_port": 9092, "admin_port": 9400, "raft_port": 9500}],
+    "fleet": {"password_env": "PW"},
+}
+
+
+def _with(**changes):  # type: ignore[no-untyped-def]
+    import copy
+
+    raw = copy.deepcopy(GOOD)
+    for path, value in changes.items():
+        target = raw
+        keys = path.split("__")
+        for k in keys[:-1]:
+            target = target[int(k)] if isinstance(target, list) else target[k]
+        if value is None:
+            del target[keys[-1]]
+        else:
+            target[keys[-1]] = value
+    return raw
+
+
+def test_good_config_parses():
+    cfg = parse(GOOD, env={"PW": "s3cret"})
+    assert cfg.node("p1").host == "127.0.0.11"
+    assert cfg.broker_port(3) == 9103
+    assert cfg.fleet is not None and cfg.fleet.password == "s3cret"
+    assert cfg.limits.fetch_max_version == 15
+
+
+@pytest.mark.parametrize(("changes", "field"), [
+    ({"upstream__bootstrap": []}, "upstream.bootstrap"),
+    ({"upstream__bootstrap": ["nocolon"]}, "upstream.bootstrap[0]"),
+    ({"upstream__bootstrap": ["h:99999"]}, "upstream.bootstrap[0]"),
+    ({"nodes__0__bootstrap_port": "9092"}, "nodes[0].bootstrap_port"),
+    ({"nodes__0__host": None}, "nodes[0].host"),
+    ({"nodes__0__admin_port": 9150}, "nodes[0].admin_port"),
+    ({"nodes__0__raft_port": None}, "nodes[0].raft_port"),
+    ({"ports__base": None}, "ports"),
+    ({"fleet__password_env": None}, "fleet.password"),
+    ({"fleet__raft_min_timeout_s": 0.9, "fleet__raft_max_timeout_s": 0.5}, "fleet.raft_max_timeout_s"),
+    ({"limits": {"max_frame_bytes": 10}}, "limits.max_frame_bytes"),
+    ({"logging": {"level": "LOUD"}}, "logging.level"),
+    ({"surprise": {}}, "surprise"),
+])
+def test_bad_config_names_the_field(changes, field):
+    with pytest.raises(ConfigError) as info:
+        parse(_with(**changes), env={"PW": "s3cret"})
+    assert info.value.field == field
+    assert f"'{field}'" in str(info.value)
+
+
+def test_missing_secret_env_is_named():
+    with pytest.raises(ConfigError) as info:
+        parse(GOOD, env={})
+    assert info.value.field == "fleet.password_env" and "PW" in str(info.value)
+
+
+def test_run_with_bad_config_exits_2_naming_the_field(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[upstream]\nbootstrap = ["127.0.0.1:19092"]\n[ports]\nbase = 9100\n'
+                   '[[nodes]]\nid = "p1"\nhost = "127.0.0.11"\nbootstrap_port = 70000\n')
+    result = CliRunner().invoke(cli, ["run", "--config", str(bad), "--node", "p1"])
+    assert result.exit_code == 2
+    assert "nodes[0].bootstrap_port" in result.output
+    missing = CliRunner().invoke(cli, ["run", "--config", str(tmp_path / "nope.toml"), "--node", "p1"])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+    unknown = CliRunner().invoke(cli, ["run", "--config", str(bad).replace("bad", "x"), "--node", "p9"])
+    assert unknown.exit_code == 2

@@ -117,6 +117,28 @@ def fault_windows(events: DataFrame, run_table: DataFrame | None = None) -> Data
 # -- RTO ----------------------------------------------------------------------------
 
 
+def fault_segments(faults: DataFrame) -> DataFrame:
+    """Per run, the time ranges between faults: run_id, seg, lo_ns, hi_ns.
+
+    Segment ``i`` holds the instants in (lo_ns, hi_ns]: segment 0 ends at the
+    first fault, segment i at fault i, the last one (i = number of faults) has
+    no end. An event at or before fault i is in a segment <= i.
+    """
+    order = Window.partitionBy("run_id").orderBy("fault_idx")
+    inner = faults.select(
+        "run_id",
+        F.col("fault_idx").alias("seg"),
+        F.lag("fault_ts_ns").over(order).alias("lo_ns"),
+        F.col("fault_ts_ns").alias("hi_ns"),
+    )
+    last = faults.groupBy("run_id").agg(
+        F.count(F.lit(1)).cast("int").alias("seg"),
+        F.max("fault_ts_ns").alias("lo_ns"),
+        F.lit(None).cast("long").alias("hi_ns"),
+    )
+    return inner.unionByName(last)
+
+
 def rto_per_client(events: DataFrame, faults: DataFrame) -> DataFrame:
     """One row per (fault, participating client), see the module docstring.
 
@@ -124,15 +146,20 @@ def rto_per_client(events: DataFrame, faults: DataFrame) -> DataFrame:
     role, gap_start_ns, gap_end_ns, rto_ms, recovered.
 
     Cost: one pass over the client events, grouped by (run, client, segment)
-    where segment = how many of the run's faults precede the event; the rest
-    works on that small table.
+    where a segment is the time between two consecutive faults of the run
+    (a broadcast range join); the rest works on that small table.
     """
-    fault_ts = faults.groupBy("run_id").agg(F.array_sort(F.collect_list("fault_ts_ns")).alias("fault_ts"))
+    segs = F.broadcast(fault_segments(faults).withColumnRenamed("run_id", "seg_run_id"))
     ok = F.col("event").isin(*SUCCESS_EVENTS)
+    in_segment = (
+        (F.col("run_id") == F.col("seg_run_id"))
+        & (F.col("lo_ns").isNull() | (F.col("ts_ns") > F.col("lo_ns")))
+        & (F.col("hi_ns").isNull() | (F.col("ts_ns") <= F.col("hi_ns")))
+    )
     segments = (
         events.filter(_is_client() & F.col("client_id").isNotNull())
-        .join(F.broadcast(fault_ts), "run_id")
-        .withColumn("seg", F.size(F.filter("fault_ts", lambda f: f < F.col("ts_ns"))))
+        .select("run_id", "client_id", "ts_ns", "event", "family")
+        .join(segs, in_segment)
         .groupBy("run_id", "client_id", "seg")
         .agg(
             F.min("ts_ns").alias("first_ns"),
@@ -258,27 +285,70 @@ def failover_stats(failover_table: DataFrame) -> DataFrame:
 
 # -- records: lost and duplicated ----------------------------------------------------
 
+# Readers (consumer groups) counted in one pass as separate columns; above this
+# many, the two-pass plan is used (the same result, more shuffle work).
+MAX_PIVOT_READERS = 64
+_READS_TYPE = "array<struct<group:string,times:bigint>>"
 
-def record_outcomes(events: DataFrame) -> DataFrame:
-    """One row per record: run_id, topic, key, seq, acked, consumes, groups.
 
-    ``groups`` lists the consumer group of every delivery (one entry per
-    consume event). One shuffle over acks and consumes together.
+def _reader() -> Column:
+    """Who read a consume event: its group, or the client itself when it has none."""
+    return F.coalesce(F.col("group"), F.concat(F.lit("client:"), F.coalesce(F.col("client_id"), F.lit("?"))))
+
+
+def _record_events(events: DataFrame) -> DataFrame:
+    return events.filter(
+        _is_client() & F.col("event").isin(*SUCCESS_EVENTS) & (F.col("key").isNotNull() | F.col("seq").isNotNull())
+    ).select(*RECORD_KEY, "event", F.when(F.col("event") == "consume", _reader()).alias("reader"))
+
+
+def consumer_readers(events: DataFrame) -> list[str]:
+    """The distinct readers of the trace (runs a small query)."""
+    rows = events.filter(_is_client() & (F.col("event") == "consume")).select(_reader().alias("r")).distinct().collect()
+    return sorted(row["r"] for row in rows)
+
+
+def record_outcomes(
+    events: DataFrame, readers: list[str] | None = None, *, max_pivot: int = MAX_PIVOT_READERS
+) -> DataFrame:
+    """One row per record: run_id, topic, key, seq, acked, consumes, dup_readers, reads.
+
+    ``reads`` lists (group, times) for every reader of the trace (times may be
+    0); ``dup_readers`` is how many readers read the record more than once.
+    ``readers`` (the distinct readers, from ``consumer_readers``) is computed
+    when not given. With at most ``max_pivot`` readers this is one shuffle of
+    acks and consumes with numeric aggregates only.
     """
-    reader = F.coalesce(F.col("group"), F.concat(F.lit("client:"), F.coalesce(F.col("client_id"), F.lit("?"))))
-    return (
-        events.filter(
-            _is_client()
-            & F.col("event").isin(*SUCCESS_EVENTS)
-            & (F.col("key").isNotNull() | F.col("seq").isNotNull())
-        )
-        .select(*RECORD_KEY, "event", F.when(F.col("event") == "consume", reader).alias("reader"))
-        .groupBy(*RECORD_KEY)
-        .agg(
-            F.bool_or(F.col("event") == "ack").alias("acked"),
-            F.count("reader").alias("consumes"),
-            F.collect_list("reader").alias("groups"),
-        )
+    readers = sorted(consumer_readers(events) if readers is None else readers)
+    records = _record_events(events)
+    if len(readers) > max_pivot:
+        return _record_outcomes_two_pass(records)
+    counts = [F.count(F.when(F.col("reader") == r, 1)).alias(f"_r{i}") for i, r in enumerate(readers)]
+    grouped = records.groupBy(*RECORD_KEY).agg(
+        F.bool_or(F.col("event") == "ack").alias("acked"),
+        F.count("reader").alias("consumes"),
+        *counts,
+    )
+    if readers:
+        dup_readers = sum((F.col(f"_r{i}") > 1).cast("long") for i in range(len(readers)))
+        reads = F.array(*[F.struct(F.lit(r).alias("group"), F.col(f"_r{i}").alias("times")) for i, r in enumerate(readers)])
+    else:
+        dup_readers, reads = F.lit(0).cast("long"), F.array().cast(_READS_TYPE)
+    return grouped.select(*RECORD_KEY, "acked", "consumes", dup_readers.alias("dup_readers"), reads.alias("reads"))
+
+
+def _record_outcomes_two_pass(records: DataFrame) -> DataFrame:
+    """``record_outcomes`` for many readers: count per (record, reader), then per record.
+
+    Repartitioning by the record first lets both aggregations share one shuffle.
+    """
+    per_reader = records.repartition(*RECORD_KEY).groupBy(*RECORD_KEY, "reader").agg(F.count(F.lit(1)).alias("n"))
+    read = F.col("reader").isNotNull()
+    return per_reader.groupBy(*RECORD_KEY).agg(
+        F.bool_or(~read).alias("acked"),
+        F.coalesce(F.sum(F.when(read, F.col("n"))), F.lit(0)).alias("consumes"),
+        F.count(F.when(read & (F.col("n") > 1), 1)).alias("dup_readers"),
+        F.collect_list(F.when(read, F.struct(F.col("reader").alias("group"), F.col("n").alias("times")))).alias("reads"),
     )
 
 
@@ -287,7 +357,7 @@ def _is_lost() -> Column:
 
 
 def _is_duplicated() -> Column:
-    return F.size("groups") > F.size(F.array_distinct("groups"))
+    return F.col("dup_readers") > 0
 
 
 def _is_unacked_consumed() -> Column:
@@ -309,10 +379,9 @@ def duplicated(outcomes: DataFrame) -> DataFrame:
     """Records one group consumed more than once: run_id, topic, group, key, seq, times."""
     return (
         outcomes.filter(_is_duplicated())
-        .select(*RECORD_KEY, F.explode("groups").alias("group"))
-        .groupBy("run_id", "topic", "group", "key", "seq")
-        .agg(F.count(F.lit(1)).alias("times"))
-        .filter(F.col("times") > 1)
+        .select(*RECORD_KEY, F.explode("reads").alias("read"))
+        .filter(F.col("read.times") > 1)
+        .select("run_id", "topic", F.col("read.group").alias("group"), "key", "seq", F.col("read.times").alias("times"))
     )
 
 

@@ -77,3 +77,44 @@ def test_describe_cluster_and_topics_show_only_proxy_addresses(proxy, kafka_clus
     assert sorted((b.id, b.host, b.port) for b in md.brokers.values()) == [
         (1, "127.0.0.21", 9101), (2, "127.0.0.21", 9102), (3, "127.0.0.21", 9103)]
     assert md.controller_id in (1, 2, 3)
+
+
+def _api_versions(host: str, port: int) -> dict[int, tuple[int, int]]:
+    import io
+    import socket
+    import struct
+
+    from kio.schema.api_versions.v3.request import ApiVersionsRequest
+    from kio.schema.api_versions.v3.response import ApiVersionsResponse
+    from kio.schema.request_header.v2.header import RequestHeader
+    from kio.schema.response_header.v0.header import ResponseHeader
+    from kio.serial import entity_reader, entity_writer
+    from kio.static.primitive import i16, i32
+
+    buf = io.BytesIO()
+    entity_writer(RequestHeader)(buf, RequestHeader(request_api_key=i16(18), request_api_version=i16(3),
+                                                    correlation_id=i32(7), client_id="t"))
+    entity_writer(ApiVersionsRequest)(buf, ApiVersionsRequest(client_software_name="kproxy-test",
+                                                              client_software_version="1"))
+    payload = buf.getvalue()
+    with socket.create_connection((host, port), timeout=10) as s:
+        s.sendall(struct.pack(">i", len(payload)) + payload)
+        size = struct.unpack(">i", s.recv(4, socket.MSG_WAITALL))[0]
+        data = s.recv(size, socket.MSG_WAITALL)
+    header, used = entity_reader(ResponseHeader)(data, 0)
+    assert header.correlation_id == 7
+    body, _ = entity_reader(ApiVersionsResponse)(data, used)
+    return {int(k.api_key): (int(k.min_version), int(k.max_version)) for k in body.api_keys}
+
+
+def test_api_versions_are_clamped_to_what_the_proxy_rewrites(proxy, kafka_cluster):
+    direct = _api_versions("127.0.0.1", kafka_cluster.specs[0].port)
+    proxied = _api_versions("127.0.0.21", 9092)
+    assert direct[1][1] >= 16  # the broker offers Fetch with KIP-951 node_endpoints ...
+    assert proxied[1][1] == 15  # ... the proxy caps Fetch at v15 (cut-through, no addresses inside)
+    from proxy.codec import known_versions
+
+    for api_key, (lo, hi) in proxied.items():
+        versions = known_versions(api_key)
+        assert versions is not None and lo >= versions[0] and hi <= versions[-1], api_key
+    assert set(proxied) <= set(direct)

@@ -202,8 +202,11 @@ def records_trace() -> TraceBuilder:
     return b
 
 
-def test_lost_duplicated_and_unacked(spark_session):  # type: ignore[no-untyped-def]
-    outcomes = transform.record_outcomes(records_trace().frame(spark_session)).cache()
+@pytest.mark.parametrize("max_pivot", [transform.MAX_PIVOT_READERS, 0], ids=["one-pass", "two-pass"])
+def test_lost_duplicated_and_unacked(spark_session, max_pivot):  # type: ignore[no-untyped-def]
+    events = records_trace().frame(spark_session)
+    assert transform.consumer_readers(events) == ["client:solo", "g1", "g2"]
+    outcomes = transform.record_outcomes(events, max_pivot=max_pivot).cache()
     record = "run_id string, topic string, key string, seq long"
     assertDataFrameEqual(
         transform.lost(outcomes),

@@ -183,11 +183,12 @@ def _consume_aiokafka(bs: str, topic: str, group: str, n: int, timeout: float) -
     return asyncio.run(run())
 
 
-def _consume_confluent(bs: str, topic: str, group: str, n: int, timeout: float) -> list[Consumed]:
+def _consume_confluent(bs: str, topic: str, group: str, n: int, timeout: float,
+                       isolation: str = "read_uncommitted", commit: bool = True) -> list[Consumed]:
     from confluent_kafka import Consumer
 
     consumer = Consumer({"bootstrap.servers": bs, "group.id": group, "auto.offset.reset": "earliest", "log_level": 2,
-                         "enable.auto.commit": False})
+                         "enable.auto.commit": False, "isolation.level": isolation})
     consumer.subscribe([topic])
     out: list[Consumed] = []
     deadline = time.monotonic() + timeout
@@ -197,7 +198,7 @@ def _consume_confluent(bs: str, topic: str, group: str, n: int, timeout: float) 
             good = [m for m in msgs if m.error() is None]
             out.extend(Consumed(m.key().decode() if m.key() else None, m.value().decode(), m.partition(),
                                 m.offset()) for m in good)
-            if good:
+            if good and commit:
                 consumer.commit(asynchronous=False)
     finally:
         consumer.close()
@@ -344,20 +345,5 @@ def transactional_produce(family: str, bootstrap: str | Iterable[str], topic: st
 def consume_committed(bootstrap: str | Iterable[str], topic: str, group: str, n: int,
                       timeout: float = 60.0) -> list[Consumed]:
     """Read with isolation.level=read_committed (confluent) until ``n`` records or ``timeout``."""
-    from confluent_kafka import Consumer
-
-    consumer = Consumer({"bootstrap.servers": _bootstrap(bootstrap), "group.id": group, "log_level": 2,
-                         "auto.offset.reset": "earliest", "isolation.level": "read_committed",
-                         "enable.auto.commit": False})
-    consumer.subscribe([topic])
-    out: list[Consumed] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while len(out) < n and time.monotonic() < deadline:
-            for m in consumer.consume(num_messages=500, timeout=0.5):
-                if m.error() is None:
-                    out.append(Consumed(m.key().decode() if m.key() else None, m.value().decode(),
-                                        m.partition(), m.offset()))
-    finally:
-        consumer.close()
-    return out
+    return _consume_confluent(_bootstrap(bootstrap), topic, group, n, timeout, isolation="read_committed",
+                              commit=False)

@@ -135,17 +135,21 @@ def kill_node(node: str, state_dir: str, sig: str, yes: bool) -> None:
     click.echo(f"sent SIG{sig.upper()} to {node}")
 
 
+def _move(state_dir: str, node: str, action: str) -> None:
+    f = _load(state_dir)
+    try:
+        result = getattr(f, action)(node)
+    except FleetError as exc:
+        _fail(exc)
+    click.echo(f"{action}ed {node} at epoch {result.get('epoch')}")
+
+
 @cluster.command("drain")
 @click.argument("node")
 @state_dir_option
 def drain(node: str, state_dir: str) -> None:
     """Move every identity away from NODE without client errors."""
-    f = _load(state_dir)
-    try:
-        result = f.drain(node)
-    except FleetError as exc:
-        _fail(exc)
-    click.echo(f"drained {node} at epoch {result.get('epoch')}")
+    _move(state_dir, node, "drain")
 
 
 @cluster.command("undrain")
@@ -153,12 +157,7 @@ def drain(node: str, state_dir: str) -> None:
 @state_dir_option
 def undrain(node: str, state_dir: str) -> None:
     """Let NODE take identities again."""
-    f = _load(state_dir)
-    try:
-        result = f.undrain(node)
-    except FleetError as exc:
-        _fail(exc)
-    click.echo(f"undrained {node} at epoch {result.get('epoch')}")
+    _move(state_dir, node, "undrain")
 
 
 @cluster.command("restart-node")

@@ -62,6 +62,8 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         "duplicated": kill["duplicated"] + (drain["duplicated"] if drain else 0),
         "records_acked": kill["records"]["acked"],
         "passed": kill.get("passed"),
+        "errors": kill.get("errors", [])[:10],
+        "faults_measured": len(kill.get("faults", [])),
         "seed": kill.get("seed"),
     }
     if drain is not None:
@@ -71,6 +73,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
             "max_gap_ms": drain.get("max_gap_ms"),
             "failover_ms": _fleet_stats(drain)["failover_ms"],
             "passed": drain.get("passed"),
+            "errors": drain.get("errors", [])[:10],
         }
     p99s = [v["p99"] for v in result["rto_ms"].values() if v["p99"] is not None]
     result["targets"] = {"kill_rto_p99_ms<=1000": bool(p99s) and max(p99s) <= 1000}

@@ -324,7 +324,7 @@ class KafkaCluster:
                f"-Dlog4j2.configurationFile={self._broker_dir(s.id) / 'log4j2.properties'}",
                f"-Dkafka.logs.dir={self._broker_dir(s.id)}",
                "-cp", classpath(), "kafka.tools.StorageTool",
-               "format", "-t", str(self.cluster_id), "-c", str(config)]
+               "format", f"--cluster-id={self.cluster_id}", "-c", str(config)]  # an id may start with "-"
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise KafkaError(f"formatting storage of broker {s.id} failed:\n{proc.stdout}{proc.stderr}")

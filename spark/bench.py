@@ -127,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--driver-memory", default="2g")
     parser.add_argument("--executor-memory", default="2g", help="standalone executor heap")
     parser.add_argument("--shuffle-partitions", type=int, default=4)
+    parser.add_argument("--jvm-options", default=None, help="driver/executor JVM options (default: spark.session's)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting (repeatable)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     args = parser.parse_args(argv)
     configure_environment()
@@ -140,6 +142,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"trace {trace_dir}: {events:,d} events (generated in {gen_s:.1f} s)" if gen_s else f"trace {trace_dir}: {events:,d} events (reused)", file=sys.stderr)
 
     conf = {"spark.sql.shuffle.partitions": str(args.shuffle_partitions)}
+    if args.jvm_options is not None:
+        conf["spark.driver.extraJavaOptions"] = conf["spark.executor.extraJavaOptions"] = args.jvm_options
+    for item in args.conf:
+        key, _, value = item.partition("=")
+        conf[key] = value
     results: list[dict[str, Any]] = []
     if not args.no_local:
         results += run_mode("local", traces, "local[2]", [], conf, args.driver_memory)
@@ -153,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg_1m": round(os.getloadavg()[0], 2)},
         "generation_s": generation,
+        "conf": conf,
         "results": results,
     }
     if args.json:

@@ -213,7 +213,11 @@ def bad_event(df: DataFrame) -> Column:
 
 
 def _validate(spark: SparkSession, df: DataFrame, files: tuple[Path, ...]) -> tuple[int, str | None]:
-    """(event count, first file holding a bad event or None); FAILFAST errors -> file:line."""
+    """(event count, first file holding a bad event or None); FAILFAST errors -> file:line.
+
+    One pass counts events and bad events; only when there are bad ones does a
+    second pass look for the file (the per-row file name costs a column).
+    """
     bad = bad_event(df)
     sc = spark.sparkContext
     level = sc.getConf().get("spark.log.level", "ERROR")
@@ -221,10 +225,7 @@ def _validate(spark: SparkSession, df: DataFrame, files: tuple[Path, ...]) -> tu
     # the error raised below says everything, so keep the log quiet meanwhile.
     sc.setLogLevel("OFF")
     try:
-        row = df.agg(
-            F.count(F.lit(1)).alias("n"),
-            F.min(F.when(bad, F.col(_FILE_COL))).alias("bad_file"),
-        ).first()
+        row = df.agg(F.count(F.lit(1)).alias("n"), F.count(F.when(bad, 1)).alias("bad")).first()
     except Exception as exc:  # py4j / pyspark errors carry the JVM message as text
         message = str(exc)
         if "MALFORMED_RECORD" not in message and "FAILED_READ_FILE" not in message:
@@ -239,7 +240,10 @@ def _validate(spark: SparkSession, df: DataFrame, files: tuple[Path, ...]) -> tu
     assert row is not None
     if row["n"] == 0:
         raise TraceFormatError(files[0].parent if files else "trace", None, "the trace has no events")
-    return int(row["n"]), row["bad_file"]
+    if row["bad"] == 0:
+        return int(row["n"]), None
+    first = df.filter(bad).select(_FILE_COL).orderBy(_FILE_COL).first()
+    return int(row["n"]), first[_FILE_COL] if first else None
 
 
 def _hidden(path: Path, root: Path) -> bool:

@@ -60,3 +60,15 @@ def test_clients_continue_with_one_broker_killed(kafka_cluster, topic_name):
     finally:
         kafka_cluster.restart(victim)
     assert victim in kafka_cluster.pids
+
+
+def test_storage_format_accepts_a_cluster_id_starting_with_a_dash(tmp_path):
+    """Cluster ids are url-safe base64 and may start with '-' (once read as an option)."""
+    from chaos.kafka_cluster import KafkaCluster
+
+    cluster = KafkaCluster(tmp_path, 1, base_port=38001)
+    cluster.cluster_id = "-abcDEFghiJKLmnoPQRstu"
+    spec = cluster.specs[0]
+    cluster._format(spec, cluster._write_config(spec))
+    meta = (tmp_path / "broker-1" / "data" / "meta.properties").read_text()
+    assert "cluster.id=-abcDEFghiJKLmnoPQRstu" in meta

@@ -129,6 +129,8 @@ class NodeProcess:
     def alive(self) -> bool:
         if self.pid is None:
             return False
+        if self._proc is not None:  # our child: its cmdline may not be exec'ed yet, ask the handle
+            return self._proc.poll() is None
         try:
             p = psutil.Process(self.pid)
             if p.status() == psutil.STATUS_ZOMBIE:

@@ -26,6 +26,8 @@ from typing import IO, Any
 
 import pyspark
 
+from spark.session import jvm_options
+
 HOST = "127.0.0.1"
 SPARK_BIN = Path(pyspark.__file__).resolve().parent / "bin"
 
@@ -82,7 +84,11 @@ class LocalStandalone:
     def start(self, timeout_s: float = 90.0) -> LocalStandalone:
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.port, self.ui_port, worker_ui = free_port(), free_port(), free_port()
-        env = loopback_env(SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false", SPARK_DAEMON_MEMORY="256m")
+        env = loopback_env(
+            SPARK_MASTER_OPTS="-Dspark.master.rest.enabled=false",
+            SPARK_DAEMON_MEMORY="256m",
+            SPARK_DAEMON_JAVA_OPTS=jvm_options(),
+        )
         self.master = self._launch(
             "master",
             ["org.apache.spark.deploy.master.Master", "--host", HOST, "--port", str(self.port), "--webui-port", str(self.ui_port)],

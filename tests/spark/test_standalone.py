@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from spark.session import jvm_options
 from spark.standalone import LocalStandalone, loopback_env, spark_submit
 from tests.spark.traces import small_drill
 
@@ -31,6 +32,8 @@ def test_spark_submit_jobs_py_on_standalone_cluster(tmp_path: Path) -> None:
             "--conf", "spark.driver.bindAddress=127.0.0.1",
             "--conf", "spark.ui.enabled=false",
             "--conf", "spark.sql.shuffle.partitions=2",
+            "--driver-java-options", jvm_options(),
+            "--conf", f"spark.executor.extraJavaOptions={jvm_options()}",
             "--driver-memory", "512m",
             "--executor-memory", "512m",
             "--total-executor-cores", "1",

@@ -53,9 +53,12 @@ def _row_dicts(df: DataFrame) -> list[dict[str, Any]]:
     return [{k: _clean(v) for k, v in row.asDict().items()} for row in df.collect()]
 
 
-def _listing(df: DataFrame, order: list[str], max_listed: int) -> tuple[list[dict[str, Any]], bool]:
+def _listing(df: DataFrame, order: list[str], max_listed: int) -> tuple[list[dict[str, Any]], int, bool]:
+    """(first ``max_listed`` rows, exact row count, truncated); counts only when truncated."""
     rows = _row_dicts(df.orderBy(*order).limit(max_listed + 1))
-    return rows[:max_listed], len(rows) > max_listed
+    if len(rows) <= max_listed:
+        return rows, len(rows), False
+    return rows[:max_listed], df.count(), True
 
 
 def _keys(records: list[dict[str, Any]]) -> list[str]:
@@ -94,13 +97,13 @@ def build_report(tables: Tables, trace: Trace, out_dir: Path, *, max_listed: int
                 "faults": row["faults"],
             }
 
-    lost_count = tables.lost.count()
-    lost_rows, lost_cut = _listing(tables.lost, list(RECORD_KEY), max_listed)
-    dup_totals = tables.duplicated.agg(
-        F.count(F.lit(1)).alias("n"), F.coalesce(F.sum(F.col("times") - 1), F.lit(0)).alias("extra")
-    ).first()
-    assert dup_totals is not None
-    dup_rows, dup_cut = _listing(tables.duplicated, ["run_id", "topic", "group", "key", "seq"], max_listed)
+    lost_rows, lost_count, lost_cut = _listing(tables.lost, list(RECORD_KEY), max_listed)
+    dup_rows, dup_count, dup_cut = _listing(tables.duplicated, ["run_id", "topic", "group", "key", "seq"], max_listed)
+    if dup_cut:
+        extra = tables.duplicated.agg(F.sum(F.col("times") - 1).alias("extra")).first()
+        dup_extra = int(extra["extra"]) if extra else 0
+    else:
+        dup_extra = sum(r["times"] - 1 for r in dup_rows)
     unacked_count = tables.unacked_consumed.count()
 
     unrecovered = rto_pdf[~rto_pdf["recovered"].astype(bool)] if len(rto_pdf) else rto_pdf
@@ -136,14 +139,14 @@ def build_report(tables: Tables, trace: Trace, out_dir: Path, *, max_listed: int
         **phases,
         "lost": {"count": lost_count, "keys": _keys(lost_rows), "records": lost_rows, "truncated": lost_cut},
         "duplicated": {
-            "count": int(dup_totals["n"]),
-            "extra_deliveries": int(dup_totals["extra"]),
+            "count": dup_count,
+            "extra_deliveries": dup_extra,
             "keys": _keys(dup_rows),
             "records": dup_rows,
             "truncated": dup_cut,
         },
         "unacked_consumed": {"count": unacked_count},
-        "healthy": lost_count == 0 and int(dup_totals["n"]) == 0,
+        "healthy": lost_count == 0 and dup_count == 0,
         "bucket_ms": BUCKET_MS,
         "plots": plot_paths,
         "tables": table_paths,

@@ -109,7 +109,7 @@ def failover_breakdown(failover: pd.DataFrame) -> Figure:
     ax.invert_yaxis()
     ax.set_xlabel("ms")
     ax.grid(True, axis="x", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    fig.legend(fontsize=8, loc="outside lower center", ncol=2)
     title = "Detection and commit per fault"
     if len(failover) > len(shown):
         title += f" (first {len(shown)} of {len(failover)})"

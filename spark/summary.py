@@ -39,15 +39,14 @@ def render(report: dict[str, Any]) -> RenderableType:
         for family, s in sorted(families.items()):
             rto.add_row(fault, family, str(s["clients"]), _ms(s["p50"]), _ms(s["p99"]), _ms(s["max"]), str(s["unrecovered"]))
 
-    phases = Table(title="Detection and commit (ms) per fault type: p50 / p99 / max", title_justify="left")
-    for name in ("fault", "faults", "detect", "commit", "fault->commit"):
-        phases.add_column(name, justify="left" if name == "fault" else "right")
+    phases = Table(title="Detection and commit (ms) per fault type", title_justify="left")
+    for name in ("fault", "phase", "n", "p50", "p99", "max"):
+        phases.add_column(name, justify="left" if name in ("fault", "phase") else "right")
+    labels = {"detect_ms": "detect", "commit_ms": "commit", "failover_ms": "fault->commit"}
     for fault in sorted(report["detect_ms"]):
-        row = [fault, str(report["detect_ms"][fault]["faults"])]
-        for phase in ("detect_ms", "commit_ms", "failover_ms"):
+        for phase, label in labels.items():
             s = report[phase][fault]
-            row.append(f"{_ms(s['p50'])} / {_ms(s['p99'])} / {_ms(s['max'])}  (n={s['n']})")
-        phases.add_row(*row)
+            phases.add_row(fault, label, f"{s['n']}/{s['faults']}", _ms(s["p50"]), _ms(s["p99"]), _ms(s["max"]))
 
     lost, dup = report["lost"], report["duplicated"]
     records = Table(title="Records", title_justify="left", show_header=False)

@@ -111,3 +111,18 @@ def test_cli_malformed_trace_exits_2_naming_file_and_line(spark_session, tmp_pat
 def test_cli_missing_directory_exits_2(tmp_path):  # type: ignore[no-untyped-def]
     result = CliRunner().invoke(cli, ["report", str(tmp_path / "nope")])
     assert result.exit_code == 2
+
+
+def test_listing_is_capped_and_counts_stay_exact(spark_session, unhealthy_trace, tmp_path):  # type: ignore[no-untyped-def]
+    from spark import jobs, load
+
+    trace = jobs.extract_trace(spark_session, unhealthy_trace)
+    tables = jobs.transform_all(trace.events)
+    try:
+        capped = load.build_report(tables, trace, tmp_path / "capped", max_listed=0)
+    finally:
+        tables.release()
+        trace.release()
+    assert capped["lost"] == {"count": 1, "keys": [], "records": [], "truncated": True}
+    assert (capped["duplicated"]["count"], capped["duplicated"]["extra_deliveries"]) == (1, 1)
+    assert capped["duplicated"]["truncated"] is True

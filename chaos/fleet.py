@@ -69,6 +69,7 @@ class LocalFleet:
             for n in nodes:
                 n.wait_ready(timeout)
             fleet.wait_healthy(timeout)
+            fleet.wait_balanced(timeout)  # nodes that joined last get their identities a moment later
         except BaseException:
             fleet.down()
             raise
@@ -228,6 +229,19 @@ class LocalFleet:
                 return view
             time.sleep(0.1)
         raise FleetError(f"fleet not healthy within {timeout}s: {problems}")
+
+    def wait_balanced(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Until healthy and every live, non-draining node's load is within one of the others'."""
+        deadline = time.monotonic() + timeout
+        loads: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            view = self.fleet_view()
+            serving = [n for n in view["nodes"] if n["alive"] and not n.get("draining")]
+            loads = {n["id"]: len(n["identities"]) for n in serving}
+            if not self.health_problems(view) and loads and max(loads.values()) - min(loads.values()) <= 1:
+                return view
+            time.sleep(0.1)
+        raise FleetError(f"fleet not balanced within {timeout}s: identities per node {loads}")
 
     # ------------------------------------------------------------- actions
     def signal_node(self, node_id: str, sig: str) -> None:

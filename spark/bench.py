@@ -6,8 +6,10 @@
 For each size, a Parquet trace from ``spark.synth.spec_for_events`` is
 generated once under ``--data-dir`` (reused when present), then the whole job
 (extract, validate, transform, collect, write report.json, CSVs and plots) is
-timed on a warm session: wall seconds, and CPU seconds of this process plus
-its JVMs (the driver; in standalone mode also the executor under the worker).
+timed on a session already started: wall seconds, and CPU seconds of this
+process plus its JVMs (the driver; in standalone mode also the executor, but
+not the master and worker daemons). The first size run in a fresh JVM also
+pays the JIT warm-up.
 Session start-up is reported apart. ``--standalone`` starts a local
 standalone master and worker (``spark.standalone``) and runs the same job on
 it, after the local runs.
@@ -60,16 +62,12 @@ def _cpu_seconds(processes: list[psutil.Process]) -> float:
     return total
 
 
-def _measured(extra_roots: list[int]) -> list[psutil.Process]:
-    """This process, its children (the driver JVM) and the descendants of ``extra_roots``."""
+def _measured(exclude: set[int]) -> list[psutil.Process]:
+    """This process and its descendants (the driver JVM; in standalone mode the
+    executor, a child of the worker we started), without the ``exclude`` PIDs
+    (the standalone master and worker daemons)."""
     me = psutil.Process()
-    procs = [me, *me.children(recursive=True)]
-    for pid in extra_roots:
-        try:
-            procs.extend(psutil.Process(pid).children(recursive=True))
-        except psutil.Error:
-            pass
-    return procs
+    return [p for p in [me, *me.children(recursive=True)] if p.pid not in exclude]
 
 
 def _wait_for_executors(spark: Any, count: int, timeout_s: float = 120.0) -> None:
@@ -82,7 +80,15 @@ def _wait_for_executors(spark: Any, count: int, timeout_s: float = 120.0) -> Non
         status = spark.sparkContext._jsc.sc().getExecutorMemoryStatus()
 
 
-def run_mode(mode: str, traces: list[tuple[int, Path, int]], master: str, extra_roots: list[int], conf: dict[str, str], driver_memory: str) -> list[dict[str, Any]]:
+def run_mode(
+    mode: str,
+    traces: list[tuple[int, Path, int]],
+    master: str,
+    daemons: set[int],
+    conf: dict[str, str],
+    driver_memory: str,
+    repeat: int = 1,
+) -> list[dict[str, Any]]:
     started = time.perf_counter()
     spark = get_session(master, app_name=f"kproxy-bench-{mode}", driver_memory=driver_memory, extra_conf=conf)
     if mode == "standalone":
@@ -90,9 +96,9 @@ def run_mode(mode: str, traces: list[tuple[int, Path, int]], master: str, extra_
     session_s = time.perf_counter() - started
     results = []
     try:
-        for target, trace_dir, events in traces:
+        for attempt, (target, trace_dir, events) in ((a, t) for t in traces for a in range(1, repeat + 1)):
             with tempfile.TemporaryDirectory(prefix="kproxy-bench-out-") as out:
-                procs = _measured(extra_roots)
+                procs = _measured(daemons)
                 cpu0, wall0 = _cpu_seconds(procs), time.perf_counter()
                 report = run_report(trace_dir, out, spark=spark)
                 wall = time.perf_counter() - wall0
@@ -102,6 +108,7 @@ def run_mode(mode: str, traces: list[tuple[int, Path, int]], master: str, extra_
                     "mode": mode,
                     "master": master,
                     "target_events": target,
+                    "attempt": attempt,
                     "events": events,
                     "wall_s": round(wall, 2),
                     "cpu_s": round(cpu, 2),
@@ -112,7 +119,7 @@ def run_mode(mode: str, traces: list[tuple[int, Path, int]], master: str, extra_
                     "duplicated": report["duplicated"]["count"],
                 }
             )
-            print(f"{mode:10s} {events:>11,d} events  wall {wall:6.1f} s  cpu {cpu:6.1f} s", file=sys.stderr)
+            print(f"{mode:10s} {events:>11,d} events  #{attempt}  wall {wall:6.1f} s  cpu {cpu:6.1f} s", file=sys.stderr)
     finally:
         spark.stop()
     return results
@@ -129,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shuffle-partitions", type=int, default=4)
     parser.add_argument("--jvm-options", default=None, help="driver/executor JVM options (default: spark.session's)")
     parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting (repeatable)")
+    parser.add_argument("--repeat", type=int, default=1, help="runs per size (the first pays JIT warm-up)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
     args = parser.parse_args(argv)
     configure_environment()
@@ -149,13 +157,15 @@ def main(argv: list[str] | None = None) -> int:
         conf[key] = value
     results: list[dict[str, Any]] = []
     if not args.no_local:
-        results += run_mode("local", traces, "local[2]", [], conf, args.driver_memory)
+        results += run_mode("local", traces, "local[2]", set(), conf, args.driver_memory, args.repeat)
     if args.standalone:
         with tempfile.TemporaryDirectory(prefix="kproxy-standalone-") as work:
             cluster = LocalStandalone(work, cores=2, memory=args.executor_memory)
             with cluster:
                 standalone_conf = {**conf, "spark.executor.memory": args.executor_memory, "spark.cores.max": "2"}
-                results += run_mode("standalone", traces, cluster.url, [cluster.worker.pid] if cluster.worker else [], standalone_conf, args.driver_memory)
+                results += run_mode(
+                    "standalone", traces, cluster.url, set(cluster.pids), standalone_conf, args.driver_memory, args.repeat
+                )
 
     summary = {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "load_avg_1m": round(os.getloadavg()[0], 2)},

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
@@ -34,9 +35,18 @@ PLOT_FILES = {
 TABLE_FILES = {"rto": "rto.csv", "faults": "faults.csv", "timeline": "timeline.csv"}
 
 
+_NULLABLE = {pa.int64(): pd.Int64Dtype(), pa.int32(): pd.Int32Dtype(), pa.bool_(): pd.BooleanDtype()}
+
+
+def _to_pandas(df: DataFrame) -> pd.DataFrame:
+    """toPandas that keeps nullable integers exact (Int64, not float64 with NaN:
+    a nanosecond timestamp does not fit a double)."""
+    return df.toArrow().to_pandas(types_mapper=_NULLABLE.get)
+
+
 def _clean(value: Any) -> Any:
-    """JSON-safe scalars: numpy/pandas types to Python, NaN to None, ms to 3 decimals."""
-    if value is None:
+    """JSON-safe scalars: numpy/pandas types to Python, NaN/NA to None, ms to 3 decimals."""
+    if value is None or value is pd.NA:
         return None
     if hasattr(value, "item"):
         value = value.item()
@@ -71,9 +81,9 @@ def build_report(tables: Tables, trace: Trace, out_dir: Path, *, max_listed: int
     runs = _row_dicts(tables.runs.orderBy("run_id"))
     starts = {r["run_id"]: r["start_ns"] for r in runs}
 
-    failover_pdf = tables.failover.orderBy("run_id", "fault_idx").toPandas()
-    rto_pdf = tables.rto.orderBy("run_id", "fault_idx", "client_id").toPandas()
-    timeline_pdf = tables.timeline.orderBy("run_id", "bucket").toPandas()
+    failover_pdf = _to_pandas(tables.failover.orderBy("run_id", "fault_idx"))
+    rto_pdf = _to_pandas(tables.rto.orderBy("run_id", "fault_idx", "client_id"))
+    timeline_pdf = _to_pandas(tables.timeline.orderBy("run_id", "bucket"))
 
     rto_ms: dict[str, dict[str, dict[str, Any]]] = {}
     for row in _row_dicts(tables.rto_stats):

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from tests.spark.traces import small_drill
+from tests.spark.traces import ns, small_drill
 
 pytestmark = pytest.mark.spark
 
@@ -87,7 +87,13 @@ def test_report_files(report, unhealthy_trace):  # type: ignore[no-untyped-def]
 
 
 def test_cli_healthy_exits_0_and_prints_the_summary(spark_session, tmp_path):  # type: ignore[no-untyped-def]
-    trace = small_drill(clean=True).write_jsonl(tmp_path / "trace")
+    builder = small_drill(clean=True)
+    # a second drill, a drain: no node_down, commit 12.5 ms after the fault; no client left
+    builder.fleet("d1", "drill_start", 6000, fault="drain")
+    builder.fleet("d1", "fault", 6500, fault="drain", node="p3")
+    builder.fleet("d1", "assignment_committed", 6512.5, epoch=4)
+    builder.fleet("d1", "drill_end", 7000, fault="drain")
+    trace = builder.write_jsonl(tmp_path / "trace")
     result = invoke(str(trace))
     assert result.exit_code == 0, result.output
     assert "HEALTHY: no lost and no duplicated records" in result.stdout
@@ -95,6 +101,13 @@ def test_cli_healthy_exits_0_and_prints_the_summary(spark_session, tmp_path):  #
     written = json.loads((trace / "report" / "report.json").read_text())  # default --out
     assert written["lost"]["count"] == 0 and written["duplicated"]["count"] == 0
     assert written["rto_ms"]["kill"]["java"]["max"] == 700.0
+    assert "drain" not in written["rto_ms"]  # no client was running during the drain
+    # nanosecond timestamps stay exact integers next to a missing one
+    assert [(f["fault"], f["node_down_ns"], f["committed_ns"], f["commit_ms"]) for f in written["faults"]] == [
+        ("kill", ns(2150), ns(2180), 30.0),
+        ("drain", None, ns(6512.5), 12.5),
+    ]
+    assert written["detect_ms"]["drain"] == {"p50": None, "p99": None, "max": None, "n": 0, "faults": 1}
 
 
 def test_cli_malformed_trace_exits_2_naming_file_and_line(spark_session, tmp_path):  # type: ignore[no-untyped-def]
@@ -126,3 +139,17 @@ def test_listing_is_capped_and_counts_stay_exact(spark_session, unhealthy_trace,
     assert capped["lost"] == {"count": 1, "keys": [], "records": [], "truncated": True}
     assert (capped["duplicated"]["count"], capped["duplicated"]["extra_deliveries"]) == (1, 1)
     assert capped["duplicated"]["truncated"] is True
+
+
+def test_trace_without_faults_reports_no_rto_and_still_draws(spark_session, tmp_path):  # type: ignore[no-untyped-def]
+    from spark.jobs import run_report
+
+    builder = small_drill(clean=True)
+    builder.events = [e for e in builder.events if e["source"] == "client"]  # a baseline run: no drill
+    trace = builder.write_jsonl(tmp_path / "trace")
+    report = run_report(trace, tmp_path / "out")
+    assert report["faults"] == [] and report["rto_ms"] == {} and report["detect_ms"] == {}
+    assert report["healthy"] is True
+    assert [(r["run_id"], r["faults"]) for r in report["runs"]] == [("d1", 0)]
+    for path in report["plots"].values():
+        assert Path(path).read_bytes()[:8] == PNG_MAGIC

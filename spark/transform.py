@@ -26,9 +26,11 @@ RTO of one client for one fault
 
 detect / commit
     detect_ms: fault -> the first node_down in the window at or after it.
-    commit_ms: that node_down (or the fault, when nothing was detected, e.g. a
-    drain) -> the first assignment_committed in the window at or after it.
-    failover_ms: fault -> that commit.
+    failover_ms: fault -> the first assignment_committed in the window at or
+    after the fault (for a planned move, drain or rolling restart, the new map
+    is published before the node goes down).
+    commit_ms: that node_down (or the fault, when nothing was detected) -> that
+    commit, 0 when the commit came first.
 
 records, lost, duplicated
     A record is (run_id, topic, key, seq). Lost: acknowledged to a producer
@@ -250,18 +252,22 @@ def failover(events: DataFrame, faults: DataFrame) -> DataFrame:
         .groupBy(*_FAULT_KEY)
         .agg(F.min(F.when(in_window, F.col("ts_ns"))).alias("node_down_ns"))
     )
+    # The first commit after the *fault*, even one before node_down: a planned move
+    # (drain, rolling restart) publishes the new map before the node goes down.
     committed = (
-        detected.withColumn("anchor_ns", F.coalesce("node_down_ns", "fault_ts_ns"))
+        detected.withColumn("anchor_ns", F.col("fault_ts_ns"))
         .join(F.broadcast(commits), "run_id", "left")
-        .groupBy(*_FAULT_KEY, "node_down_ns", "anchor_ns")
+        .groupBy(*_FAULT_KEY, "node_down_ns")
         .agg(F.min(F.when(in_window, F.col("ts_ns"))).alias("committed_ns"))
+        .withColumn("anchor_ns", F.coalesce("node_down_ns", "fault_ts_ns"))
     )
     return committed.select(
         *_FAULT_KEY,
         "node_down_ns",
         "committed_ns",
         _ms(F.col("node_down_ns") - F.col("fault_ts_ns")).alias("detect_ms"),
-        _ms(F.col("committed_ns") - F.col("anchor_ns")).alias("commit_ms"),
+        F.when(F.col("committed_ns").isNotNull(),  # greatest() would turn a missing commit into 0
+               F.greatest(_ms(F.col("committed_ns") - F.col("anchor_ns")), F.lit(0.0))).alias("commit_ms"),
         _ms(F.col("committed_ns") - F.col("fault_ts_ns")).alias("failover_ms"),
     )
 

@@ -7,9 +7,6 @@ local[2], UI off, 2 shuffle partitions, Arrow on, driver bound to 127.0.0.1
 from __future__ import annotations
 
 import os
-import sys
-import types
-import warnings
 from collections.abc import Iterator
 
 import pytest
@@ -24,39 +21,9 @@ TEST_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1"
 os.environ.setdefault(JVM_OPTIONS_ENV, TEST_JVM_OPTIONS)
 
 
-def _stand_in_for_pandas_on_spark() -> None:
-    """Let ``assertDataFrameEqual`` compare Spark DataFrames under pandas 3.
-
-    With pandas and pyarrow installed, ``assertDataFrameEqual`` imports
-    ``pyspark.pandas`` (pandas-on-Spark) only to ask whether an argument is one
-    of its frames. PySpark 4.3's pandas-on-Spark does not import under pandas 3
-    (it needs names pandas 3 removed), so every call fails before comparing.
-    When (and only when) that import fails, register empty stand-ins: no
-    argument is ever a pandas-on-Spark frame, and the Spark DataFrame
-    comparison runs unchanged. Nothing in spark/ uses pandas-on-Spark.
-    """
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", FutureWarning)
-            import pyspark.pandas  # noqa: F401
-    except ImportError:
-        for name in [m for m in sys.modules if m == "pyspark.pandas" or m.startswith("pyspark.pandas.")]:
-            del sys.modules[name]
-        stand_in = types.ModuleType("pyspark.pandas")
-        stand_in.DataFrame = type("DataFrame", (), {})  # type: ignore[attr-defined]
-        utils = types.ModuleType("pyspark.testing.pandasutils")
-        utils.PandasOnSparkTestUtils = type("PandasOnSparkTestUtils", (), {})  # type: ignore[attr-defined]
-        sys.modules["pyspark.pandas"] = stand_in
-        sys.modules["pyspark.testing.pandasutils"] = utils
-
-
-_stand_in_for_pandas_on_spark()
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # PySpark 4.3 warns on import that it does not fully support pandas 3;
-    # the paths the jobs use (toPandas with Arrow) are exercised by these tests.
-    config.addinivalue_line("filterwarnings", "ignore:PySpark does not yet fully support pandas:FutureWarning")
     # pandas 3 deprecation inside PySpark's own toPandas conversion
     config.addinivalue_line("filterwarnings", "ignore:The copy keyword is deprecated")
 

@@ -11,6 +11,7 @@ import pytest
 from membership.config import MemberConfig, MemberSpec
 from membership.heartbeat import Heartbeat
 from membership.node import FleetMember, MembershipError
+from tests.integration.test_raft import free_port
 from topology import Broker, ProxyNode
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -19,21 +20,6 @@ HOSTS = {"a": "127.0.0.21", "b": "127.0.0.22", "c": "127.0.0.23"}
 BROKERS = [Broker(i, f"kafka{i}", 9092) for i in (1, 2, 3, 4)]
 
 
-def free_port(host: str) -> int:
-    for _ in range(50):
-        tcp = socket.socket()
-        udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        try:
-            tcp.bind((host, 0))
-            port = tcp.getsockname()[1]
-            udp.bind((host, port))
-            return port
-        except OSError:
-            continue
-        finally:
-            tcp.close()
-            udp.close()
-    raise RuntimeError(f"no free port on {host}")
 
 
 def wait_until(what: str, predicate, timeout: float = 10.0) -> None:

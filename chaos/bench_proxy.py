@@ -27,7 +27,7 @@ from typing import Any, Callable
 import psutil
 
 from chaos.clients import kafka_tool
-from chaos.kafka_cluster import KafkaCluster, port_free
+from chaos.kafka_cluster import KafkaCluster, free_base_port
 from chaos.proxies import NodeProcess, fleet_config
 
 _PRODUCER_SUMMARY = re.compile(
@@ -95,8 +95,7 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
     with tempfile.TemporaryDirectory(prefix="kproxy-bench-") as tmp:
         cluster = None
         if bootstrap is None:
-            base = next(b for b in range(29000, 39000, 300)
-                        if all(port_free("127.0.0.1", b + o + i) for o in (0, 100) for i in range(3)))
+            base = free_base_port(3)
             progress("starting a local 3-broker Kafka")
             cluster = KafkaCluster(Path(tmp) / "kafka", 3, base_port=base).start()
             bootstrap = cluster.bootstrap_servers

@@ -167,6 +167,18 @@ def port_free(host: str, port: int) -> bool:
     return True
 
 
+def free_base_port(brokers: int = 3, *, host: str = DEFAULT_HOST, seed: int | None = None) -> int:
+    """A ``base_port`` whose broker (base+i) and controller (base+100+i) ports are all free."""
+    import random
+
+    rng = random.Random(seed)
+    for _ in range(200):
+        base = rng.randrange(20000, 39000)
+        if all(port_free(host, base + off + i) for off in (0, 100) for i in range(brokers)):
+            return base
+    raise KafkaError("no free port range found for a local Kafka cluster")
+
+
 def _port_open(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):

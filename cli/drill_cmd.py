@@ -44,19 +44,6 @@ def _clients(ctx: click.Context, param: click.Parameter, value: str) -> tuple[tu
         raise click.BadParameter(str(exc)) from exc
 
 
-def _free_kafka_base_port() -> int:
-    import random
-
-    from chaos.kafka_cluster import port_free
-
-    rng = random.Random()
-    for _ in range(200):
-        base = rng.randrange(20000, 39000)
-        if all(port_free("127.0.0.1", base + off + i) for off in (0, 100) for i in range(3)):
-            return base
-    raise RuntimeError("no free port range for a local Kafka")
-
-
 class _Live:
     """Progress on stderr: one rich table, refreshed by the drill's status callbacks."""
 
@@ -158,7 +145,7 @@ def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: 
     owned: Any = None
     try:
         if direct:
-            from chaos.kafka_cluster import KafkaCluster, KafkaError
+            from chaos.kafka_cluster import KafkaCluster, KafkaError, free_base_port
 
             try:
                 if state_dir:
@@ -166,7 +153,7 @@ def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: 
                 else:
                     owned_dir = tempfile.mkdtemp(prefix="kproxy-drill-kafka-")
                     click.echo(f"starting a local Kafka in {owned_dir}", err=True)
-                    kafka = owned = KafkaCluster(owned_dir, 3, base_port=_free_kafka_base_port()).start()
+                    kafka = owned = KafkaCluster(owned_dir, 3, base_port=free_base_port()).start()
             except KafkaError as exc:
                 _fail(str(exc))
             target = Target.of_kafka(kafka)
@@ -183,7 +170,7 @@ def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: 
                     click.echo(f"starting a local fleet in {owned_dir}", err=True)
                     kwargs = {}
                     if "kafka_base_port" in inspect.signature(LocalFleet.up).parameters:
-                        kwargs["kafka_base_port"] = _free_kafka_base_port()
+                        kwargs["kafka_base_port"] = free_base_port()
                     fleet = owned = LocalFleet.up(owned_dir, **kwargs)
             except Exception as exc:  # the fleet's own error types; message says why
                 _fail(f"no local fleet: {exc}")

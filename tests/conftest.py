@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
 import uuid
 
 import pytest
@@ -18,23 +17,12 @@ settings.register_profile("thorough", max_examples=5000, deadline=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
-def _free_base_port(brokers: int) -> int:
-    from chaos.kafka_cluster import port_free
-
-    rng = random.Random(os.getpid())
-    for _ in range(200):
-        base = rng.randrange(20000, 39000)
-        if all(port_free("127.0.0.1", base + off + i) for off in (0, 100) for i in range(brokers)):
-            return base
-    raise RuntimeError("no free port range found for the test Kafka cluster")
-
-
 @pytest.fixture(scope="session")
 def kafka_cluster(tmp_path_factory):
     """A real 3-broker KRaft cluster (Apache Kafka jars from Maven Central), shared by the session."""
-    from chaos.kafka_cluster import KafkaCluster
+    from chaos.kafka_cluster import KafkaCluster, free_base_port
 
-    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka"), 3, base_port=_free_base_port(3))
+    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka"), 3, base_port=free_base_port(3, seed=os.getpid()))
     cluster.start(timeout=120)
     try:
         yield cluster

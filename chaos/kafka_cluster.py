@@ -373,6 +373,9 @@ class KafkaCluster:
         return "\n".join(chunks) or f"(no logs in {d})"
 
     def _alive(self, broker_id: int) -> bool:
+        proc = self._procs.get(broker_id)
+        if proc is not None:  # we started it: between fork and exec its cmdline is still ours, so ask Popen
+            return proc.poll() is None
         pid = self.pids.get(broker_id)
         return pid is not None and _is_our_java(pid, self.state_dir)
 

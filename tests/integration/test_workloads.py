@@ -62,7 +62,7 @@ def test_broker_kill_drill_loses_and_duplicates_nothing(kafka_cluster, tmp_path)
     kafka_cluster.wait_ready(60)
 
 
-def _wait(condition, timeout_s: float, what: str, period_s: float = 0.2) -> None:
+def _wait(condition, timeout_s: float, what: str, period_s: float = 0.2, detail=lambda: "") -> None:
     deadline = time.monotonic() + timeout_s
     for _ in range(int(timeout_s / period_s) + 2):
         if condition():
@@ -70,7 +70,7 @@ def _wait(condition, timeout_s: float, what: str, period_s: float = 0.2) -> None
         if time.monotonic() > deadline:
             break
         time.sleep(period_s)
-    assert condition(), f"timed out after {timeout_s} s waiting for {what}"
+    assert condition(), f"timed out after {timeout_s} s waiting for {what}\n{detail()}"
 
 
 def _stop(proc: subprocess.Popen, timeout_s: float = 60.0) -> int:
@@ -112,7 +112,12 @@ def test_java_and_kafka_python_workloads_flush_on_sigterm(kafka_cluster, topic_n
             tail.poll()
             return all(tail.ok_count.get(c, 0) >= 40 for c in specs)
 
-        _wait(enough, 120, "40 successes from every client")
+        def progress() -> str:
+            logs_ = "\n".join(f"--- {cid} (exit {procs[cid].poll()})\n{outs[cid].read_text(errors='replace')[-1500:]}"
+                              for cid in specs)
+            return f"successes {dict(tail.ok_count)} errors {dict(tail.errors)}\n{logs_}"
+
+        _wait(enough, 120, "40 successes from every client", detail=progress)
         for cid in ("kp-producer", "java-producer"):
             assert _stop(procs[cid]) == 0, outs[cid].read_text()[-3000:]
         groups = [f"{topic_name}-j", f"{topic_name}-k"]
@@ -121,7 +126,8 @@ def test_java_and_kafka_python_workloads_flush_on_sigterm(kafka_cluster, topic_n
             tail.poll()
             return not any(tail.unread(groups).values())
 
-        _wait(drained, 60, "both groups to read every acked record")
+        _wait(drained, 60, "both groups to read every acked record",
+              detail=lambda: f"unread {tail.unread(groups)}")
         for cid in ("java-consumer", "kp-consumer"):
             assert _stop(procs[cid]) == 0, outs[cid].read_text()[-3000:]
     finally:

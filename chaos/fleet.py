@@ -179,6 +179,7 @@ class LocalFleet:
                 "up": members.get(node_id, {}).get("up"),            # the fleet's committed view
                 "draining": members.get(node_id, {}).get("draining"),
                 "identities": sorted(int(b) for b, owner in assignment.items() if owner == node_id),
+                "standing_in": s.get("standing_in", []) if s else [],  # vacant nodes' addresses it serves
             })
         return {
             "epoch": source.get("epoch") if source else None,

@@ -78,13 +78,13 @@ def cluster() -> None:
 
 def render_status(view: dict[str, Any], problems: list[str]) -> None:
     nodes = Table(title=f"kproxy fleet — epoch {view['epoch']}, leader {view['leader'] or '—'}")
-    for col in ("node", "address", "role", "term", "epoch", "quorum", "identities"):
+    for col in ("node", "address", "role", "term", "epoch", "quorum", "identities", "standing in for"):
         nodes.add_column(col)
     for n in view["nodes"]:
         role = n["role"] if n["alive"] else "[red]DOWN[/red]"
         nodes.add_row(n["id"], n["address"], role, str(n["term"] or "—"), str(n["epoch"] or "—"),
                       {True: "yes", False: "[yellow]no[/yellow]", None: "—"}[n["has_quorum"]],
-                      ", ".join(map(str, n["identities"])) or "—")
+                      ", ".join(map(str, n["identities"])) or "—", ", ".join(n.get("standing_in", [])) or "—")
     console.print(nodes)
     table = Table(title="broker identity → proxy")
     for col in ("broker", "upstream", "rack", "proxy", "advertised"):

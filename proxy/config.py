@@ -35,6 +35,7 @@ section (Raft) is optional. Every error names the offending field::
 
     [fleet]
     password_env = "KPROXY_RAFT_PASSWORD"
+    address_takeover = true              # survivors also serve a down node's address (floating IP)
 
     [debug]
     tap_dir = "/tmp/tap"                 # tests only: copy every byte sent to clients here
@@ -113,6 +114,13 @@ class FleetConfig:
     dead_after_s: float = 1.0   # a frozen or partitioned node is declared down after this
     lease_s: float = 1.5        # without quorum this long, a node advertises itself for unreachable owners
     rebalance_delay_s: float = 1.0
+    # A node that is down or draining leaves its host:ports behind; clients that
+    # cached them (librdkafka's coordinator connection does) keep dialling them.
+    # With takeover, the owner of each identity also listens on the vacant node's
+    # address (SO_REUSEPORT, so the node can bind again when it comes back). That
+    # needs the address to be bindable here: any 127/8 address on loopback, a
+    # floating IP on real hosts (a failed bind is logged, nothing else changes).
+    address_takeover: bool = True
 
 
 @attrs.frozen
@@ -327,6 +335,7 @@ def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, sourc
             dead_after_s=_get(fleet_raw, "dead_after_s", "fleet.dead_after_s", float, 1.0),
             lease_s=_get(fleet_raw, "lease_s", "fleet.lease_s", float, 1.5),
             rebalance_delay_s=_get(fleet_raw, "rebalance_delay_s", "fleet.rebalance_delay_s", float, 1.0),
+            address_takeover=_get(fleet_raw, "address_takeover", "fleet.address_takeover", bool, True),
         )
         for name in ("raft_min_timeout_s", "raft_max_timeout_s", "dead_after_s", "lease_s"):
             _positive(getattr(fleet, name), f"fleet.{name}")

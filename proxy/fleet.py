@@ -78,10 +78,17 @@ class FleetLink:
         if self.last is not None and snapshot.version < self.last.version:
             return  # an older snapshot overtaken by a newer one
         self.last = snapshot
+        committed = self.member.committed_state()
+        # Address takeover follows the committed view only: in degraded mode (no
+        # quorum) this node cannot tell a dead peer from a partitioned one.
+        if not snapshot.degraded and committed.epoch > 0:
+            members = committed.member_ids()
+            self.proxy.stand_in_for([n for n in self.proxy.config.nodes if n.id in members
+                                     and (n.id not in committed.up or n.id in committed.draining)])
         drained = self.proxy.apply_assignment(snapshot.epoch, snapshot.owner_map())
-        if self.member.node_id in self.member.committed_state().draining and not self.proxy.draining:
+        if self.member.node_id in committed.draining and not self.proxy.draining:
             drained += self.proxy.drain_all()
-        elif self.member.node_id not in self.member.committed_state().draining and self.proxy.draining:
+        elif self.member.node_id not in committed.draining and self.proxy.draining:
             self.loop.create_task(self.proxy.undrain())
         if drained:
             log.info("moved clients away", extra={"epoch": snapshot.epoch, "connections": drained})

@@ -254,6 +254,12 @@ class ProxyNode:
         self.started_at = time.time()
         # Upstream connections leave from this node's own address (like a separate host).
         self._source = (self.local.host, 0)
+        # Address takeover (fleet only): listeners on the addresses of vacant nodes.
+        self.takeover_enabled = fleet and config.fleet is not None and config.fleet.address_takeover
+        self._reuse_port = self.takeover_enabled  # the node and its stand-ins share ports while it comes back
+        self._vacant: tuple[NodeConfig, ...] = ()
+        self._takeover: dict[tuple[str, int], asyncio.AbstractServer] = {}  # (node id, listener) -> server
+        self._takeover_failed: set[tuple[str, int]] = set()
 
     # ----------------------------------------------------------- lifecycle
     async def start(self, discovery_timeout: float = 60.0) -> None:
@@ -277,18 +283,22 @@ class ProxyNode:
     async def _bind_bootstrap(self) -> None:
         if BOOTSTRAP not in self._servers:
             self._servers[BOOTSTRAP] = await asyncio.get_running_loop().create_server(
-                lambda: ClientSide(self, BOOTSTRAP), self.local.host, self.local.bootstrap_port, reuse_address=True)
+                lambda: ClientSide(self, BOOTSTRAP), self.local.host, self.local.bootstrap_port, reuse_address=True,
+                reuse_port=self._reuse_port)
 
     async def undrain(self) -> None:
         """Serve again after ``drain_all``: bind every listener again."""
         self.draining = False
         await self._learn(list(self.brokers.values()))
         await self._bind_bootstrap()
+        if self.takeover_enabled:
+            self._spawn(self._sync_takeover())
         log.info("node serving again", extra={"node": self.local.id})
 
     async def stop(self) -> None:
-        for server in self._servers.values():
+        for server in [*self._servers.values(), *self._takeover.values()]:
             server.close()
+        self._takeover.clear()
         for pair in list(self._pairs):
             pair.close("node stopping")
         for task in list(self._tasks):
@@ -329,7 +339,8 @@ class ProxyNode:
                 if b.node_id not in self._servers:
                     port = self.config.broker_port(b.node_id)
                     self._servers[b.node_id] = await asyncio.get_running_loop().create_server(
-                        lambda bid=b.node_id: ClientSide(self, bid), self.local.host, port, reuse_address=True)
+                        lambda bid=b.node_id: ClientSide(self, bid), self.local.host, port, reuse_address=True,
+                        reuse_port=self._reuse_port)
                     self.book.bound.add(b.node_id)
                     if not self.fleet:
                         self.book.owners[b.node_id] = self.local.id
@@ -425,7 +436,67 @@ class ProxyNode:
         if old_epoch != epoch or moved_away:
             log.info("assignment in effect", extra={"epoch": epoch, "owners": dict(sorted(owners.items())),
                                                     "moved_away": sorted(moved_away)})
+        if self.takeover_enabled:
+            self._spawn(self._sync_takeover())
         return self.identities_moved(moved_away) if moved_away else 0
+
+    # ----------------------------------------------------- address takeover
+    def stand_in_for(self, vacant: list[NodeConfig]) -> None:
+        """Serve the addresses of these vacant (down or draining) nodes: their
+        bootstrap port, and the port of every identity this node owns. A client
+        that kept a vacant node's address (librdkafka's group coordinator, a
+        bootstrap list) then reaches the right broker instead of a refused
+        connection. Bytes for identity B go to broker B whoever accepts them
+        (DESIGN §2.3), so two nodes sharing a port for a moment is harmless."""
+        if not self.takeover_enabled:
+            return
+        vacant = sorted((n for n in vacant if n.id != self.local.id), key=lambda n: n.id)
+        if tuple(vacant) != self._vacant:
+            self._vacant = tuple(vacant)
+            self._spawn(self._sync_takeover())
+
+    def _takeover_wanted(self) -> dict[tuple[str, int], tuple[str, int]]:
+        """(node id, listener) -> (host, port) this node should stand in on now."""
+        if self.draining:
+            return {}
+        me = self.local.id
+        mine = sorted(b for b in self.book.bound if self.book.owners.get(b) == me)
+        wanted = {}
+        for n in self._vacant:
+            wanted[(n.id, BOOTSTRAP)] = (n.host, n.bootstrap_port)
+            for b in mine:
+                wanted[(n.id, b)] = (n.host, self.config.broker_port(b))
+        return wanted
+
+    async def _sync_takeover(self) -> None:
+        async with self._bind_lock:
+            wanted = self._takeover_wanted()
+            for key in [k for k in self._takeover if k not in wanted]:
+                server = self._takeover.pop(key)
+                server.close()
+                log.info("stopped standing in", extra={"node": key[0], "listener": key[1]})
+            self._takeover_failed &= set(wanted)
+            loop = asyncio.get_running_loop()
+            for key, (host, port) in sorted(wanted.items()):
+                if key in self._takeover:
+                    continue
+                try:
+                    self._takeover[key] = await loop.create_server(
+                        lambda listener=key[1]: ClientSide(self, listener), host, port, reuse_address=True,
+                        reuse_port=True)
+                except OSError as exc:
+                    if key not in self._takeover_failed:  # log once per vacancy
+                        self._takeover_failed.add(key)
+                        log.warning("cannot stand in for a vacant node's address",
+                                    extra={"node": key[0], "address": f"{host}:{port}", "reason": str(exc)})
+                    continue
+                log.info("standing in for a vacant node", extra={"node": key[0], "listener": key[1],
+                                                                 "address": f"{host}:{port}"})
+
+    @property
+    def takeover_addresses(self) -> list[str]:
+        return sorted(f"{s.sockets[0].getsockname()[0]}:{s.sockets[0].getsockname()[1]}"
+                      for s in self._takeover.values() if s.sockets)
 
     def identities_moved(self, moved_away: set[int]) -> int:
         """Drain client connections on identities this node no longer advertises."""
@@ -439,9 +510,10 @@ class ProxyNode:
     def drain_all(self) -> int:
         """Graceful node drain: refuse new connections, move every client away."""
         self.draining = True
-        for key, server in list(self._servers.items()):
+        for server in [*self._servers.values(), *self._takeover.values()]:
             server.close()
         self._servers.clear()
+        self._takeover.clear()
         count = 0
         for pair in list(self._pairs):
             if not pair.draining:
@@ -474,6 +546,7 @@ class ProxyNode:
             "node": self.local.id,
             "bootstrap": self.bootstrap_address,
             "listeners": sorted(k for k in self._servers if k != BOOTSTRAP),
+            "standing_in": self.takeover_addresses,
             "connections": len(self._pairs),
             "draining": self.draining,
             "brokers": [

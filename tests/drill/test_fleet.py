@@ -97,6 +97,10 @@ def test_drain_moves_identities_without_client_errors(fleet, topic_name):
     assert result.exit_code == 0, result.output
     view = fleet.fleet_view()
     assert "p3" not in view["assignment"].values()
+    # The drained node's address keeps working: the survivors stand in for it.
+    _wait(lambda: any(n["standing_in"] for n in fleet.fleet_view()["nodes"]), 10, "stand-ins for p3")
+    assert {h for _, h, _ in _metadata_brokers(f"{fleet.node_address('p3')}:9092")} == {
+        fleet.node_address("p1"), fleet.node_address("p2")}
     acks += clients.produce("aiokafka", bs, topic_name, 20, prefix=2)
     assert CliRunner().invoke(cli, ["cluster", "undrain", "p3", "--state-dir", str(fleet.state_dir)]).exit_code == 0
     _wait(lambda: fleet.fleet_view()["assignment"].get("3") == "p3", 20, "p3 serving broker 3 again")
@@ -155,6 +159,16 @@ def test_kill_two_nodes_then_last_serves_everything_then_rebalance(fleet, topic_
         moved = _wait(lambda: (v := fleet.fleet_view())["epoch"] > before and first not in v["assignment"].values()
                       and v, 10, "identities moved off the first victim")
         assert len(set(moved["assignment"].values())) == 2
+        # Address takeover: the dead node's bootstrap port is served by both survivors, each
+        # identity port by that identity's new owner; clients that kept the address get through.
+        dead = fleet.node_address(first)
+        standing = _wait(lambda: sorted(a for n in fleet.fleet_view()["nodes"] for a in n["standing_in"])
+                         if all(n["standing_in"] for n in fleet.fleet_view()["nodes"] if n["id"] != first) else None,
+                         10, f"survivors standing in for {first}")
+        assert standing == sorted([f"{dead}:9092"] * 2 + [f"{dead}:{9100 + b}" for b in (1, 2, 3)]), standing
+        expected = sorted((int(b), fleet.node_address(owner), 9100 + int(b)) for b, owner in moved["assignment"].items())
+        for port in (9092, 9101, 9102, 9103):
+            assert _metadata_brokers(f"{dead}:{port}") == expected
         status = CliRunner().invoke(cli, ["cluster", "status", "--state-dir", str(fleet.state_dir), "--json"])
         assert status.exit_code == 1  # a node is down: unhealthy
         producer.acks_since(50, 30)
@@ -173,6 +187,7 @@ def test_kill_two_nodes_then_last_serves_everything_then_rebalance(fleet, topic_
         fleet.restart_node(second)
         healed = fleet.wait_healthy(60)
         _wait(lambda: len(set(fleet.fleet_view()["assignment"].values())) == 3, 30, "identities rebalanced")
+        _wait(lambda: not any(n["standing_in"] for n in fleet.fleet_view()["nodes"]), 20, "stand-ins released")
         assert healed["leader"] is not None
         producer.acks_since(50, 30)
     finally:

@@ -44,6 +44,9 @@ log = logging.getLogger("kproxy.proxy")
 BOOTSTRAP = -1  # listener key of the bootstrap port
 FETCH = 1
 DRAIN_TIMEOUT_S = 5.0
+# A draining connection keeps forwarding requests for up to this long, waiting
+# for a moment with nothing in flight to close at; then reads stop (DESIGN §4).
+DRAIN_IDLE_GRACE_S = 0.25
 
 
 class AddressBook:
@@ -260,6 +263,7 @@ class ProxyNode:
         self._vacant: tuple[NodeConfig, ...] = ()
         self._takeover: dict[tuple[str, int], asyncio.AbstractServer] = {}  # (node id, listener) -> server
         self._takeover_failed: set[tuple[str, int]] = set()
+        self._drain_paused: set[_Pair] = set()  # draining pairs whose client reads stopped (until the deadline)
 
     # ----------------------------------------------------------- lifecycle
     async def start(self, discovery_timeout: float = 60.0) -> None:
@@ -522,22 +526,41 @@ class ProxyNode:
         return count
 
     def _start_drain(self, pair: _Pair) -> None:
+        """Close the client's connection at its first idle moment: every response
+        it waits for delivered, no request cut in half. Closing there costs the
+        client only a reconnect; a request it wrote into a socket we no longer
+        read would instead fail and wait for the client's retry backoff (100 ms
+        in librdkafka and Java). After ``DRAIN_IDLE_GRACE_S`` without such a
+        moment (a client that always has requests in flight), reads stop and the
+        in-flight responses are flushed before the close."""
         pair.draining = True
-        if pair.client is not None:
-            pair.client.pause_reading()  # no new requests
         self.metrics.drained.labels(self.local.id).inc()
         self._maybe_finish_drain(pair)
         if not pair.closed:
-            asyncio.get_running_loop().call_later(DRAIN_TIMEOUT_S, self._drain_deadline, pair)
+            loop = asyncio.get_running_loop()
+            loop.call_later(DRAIN_IDLE_GRACE_S, self._drain_stop_reading, pair)
+            loop.call_later(DRAIN_TIMEOUT_S, self._drain_deadline, pair)
+
+    def _drain_stop_reading(self, pair: _Pair) -> None:
+        if pair.closed:
+            return
+        self._drain_paused.add(pair)
+        if pair.client is not None:
+            pair.client.pause_reading()  # no new requests
+        self._maybe_finish_drain(pair)
 
     def _maybe_finish_drain(self, pair: _Pair) -> None:
-        # The request tracker may be mid-frame (client sent a partial request
-        # before we paused it); the broker never answers that one, so only the
-        # response side and the table matter.
-        if not pair.closed and not pair.codec.table and pair.codec.responses.at_frame_boundary:
+        if pair.closed:
+            return
+        if pair.codec.idle:
+            pair.close("identity moved: drained")
+        elif pair in self._drain_paused and not pair.codec.table and pair.codec.responses.at_frame_boundary:
+            # Reads stopped: the request tracker may be mid-frame (a partial
+            # request the broker never answers); only responses matter now.
             pair.close("identity moved: drained")
 
     def _drain_deadline(self, pair: _Pair) -> None:
+        self._drain_paused.discard(pair)
         if not pair.closed:
             pair.close("identity moved: drain deadline reached", level=logging.WARNING)
 

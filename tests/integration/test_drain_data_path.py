@@ -1,0 +1,113 @@
+"""Graceful drain at the byte level: one in-process proxy node (127.0.0.22) in front of the real cluster.
+
+When an identity moves away, a client connection is closed at its first idle
+moment: never before the responses it waits for are delivered, at once when
+nothing is in flight, and requests written during the grace still get answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import struct
+import time
+
+import pytest
+import uvloop
+from kio.schema.api_versions.v0.request import ApiVersionsRequest
+from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
+from kio.schema.fetch.v12.response import FetchResponse
+from kio.static.primitive import i32Timedelta
+
+from proxy import server as proxy_server
+from proxy._fixtures import decode_response, make, request_frame
+from proxy.config import parse
+from proxy.server import ProxyNode
+
+pytestmark = [pytest.mark.integration]
+
+HOST = "127.0.0.22"
+LONG_POLL_MS = 1500
+
+
+async def _read_frame(reader: asyncio.StreamReader, timeout: float) -> bytes:
+    head = await asyncio.wait_for(reader.readexactly(4), timeout)
+    (size,) = struct.unpack(">i", head)
+    return head + await asyncio.wait_for(reader.readexactly(size), timeout)
+
+
+async def _eof_within(reader: asyncio.StreamReader, timeout: float) -> bool:
+    try:
+        return await asyncio.wait_for(reader.read(1), timeout) == b""
+    except asyncio.TimeoutError:
+        return False
+
+
+def _long_poll(topic: str, correlation_id: int) -> bytes:
+    """A Fetch at the log end of an empty partition: the broker holds it for LONG_POLL_MS."""
+    body = make(FetchRequest, replica_id=-1, max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=LONG_POLL_MS)),
+                min_bytes=1, max_bytes=1 << 20, session_epoch=-1,
+                topics=(make(FetchTopic, topic=topic, partitions=(
+                    make(FetchPartition, partition=0, fetch_offset=0, current_leader_epoch=-1, log_start_offset=-1,
+                         partition_max_bytes=1 << 20),)),))
+    return request_frame(body, correlation_id)
+
+
+def test_drain_closes_each_connection_at_its_first_idle_moment(kafka_cluster, topic_name):
+    kafka_cluster.create_topic(topic_name, 1, 3)
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap_servers}).list_topics(topic_name, timeout=10)
+    leader = md.topics[topic_name].partitions[0].leader
+    config = parse({"upstream": {"bootstrap": kafka_cluster.bootstrap}, "ports": {"base": 9100},
+                    "nodes": [{"id": "p1", "host": HOST, "bootstrap_port": 9092}],
+                    "logging": {"level": "WARNING"}})
+    api_versions = request_frame(make(ApiVersionsRequest), 7)
+
+    async def scenario() -> dict[str, float | bool | int]:
+        node = ProxyNode(config, "p1")
+        await node.start()
+        try:
+            port = config.broker_port(leader)
+            busy_r, busy_w = await asyncio.open_connection(HOST, port)
+            idle_r, idle_w = await asyncio.open_connection(HOST, port)
+            # Both connections work; then the busy one parks a long poll at the broker.
+            for r, w in ((busy_r, busy_w), (idle_r, idle_w)):
+                w.write(api_versions)
+                await _read_frame(r, 10)
+            busy_w.write(_long_poll(topic_name, 1))
+            await busy_w.drain()
+            deadline = time.monotonic() + 5
+            while sum(p.codec.in_flight for p in node._pairs) < 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            in_flight = sum(p.codec.in_flight for p in node._pairs)
+
+            t0 = time.monotonic()
+            drained = node.identities_moved({leader})
+            # Written during the grace: forwarded and answered before the close.
+            busy_w.write(api_versions)
+            idle_closed = await _eof_within(idle_r, 0.2)
+            idle_s = time.monotonic() - t0
+            first = await _read_frame(busy_r, LONG_POLL_MS / 1000 + 5)
+            second = await _read_frame(busy_r, 5)
+            answered_s = time.monotonic() - t0
+            busy_closed = await _eof_within(busy_r, 2)
+            closed_s = time.monotonic() - t0
+            cids = sorted(struct.unpack(">i", f[4:8])[0] for f in (first, second))
+            fetch = next(f for f in (first, second) if struct.unpack(">i", f[4:8])[0] == 1)
+            _, fetch_body = decode_response(FetchResponse, fetch)
+            for w in (busy_w, idle_w):
+                w.close()
+            return {"in_flight": in_flight, "drained": drained, "idle_closed": idle_closed, "idle_s": idle_s,
+                    "cids": cids, "answered_s": answered_s, "busy_closed": busy_closed, "closed_s": closed_s,
+                    "fetch_error": int(fetch_body.responses[0].partitions[0].error_code)}
+        finally:
+            await node.stop()
+
+    r = uvloop.run(scenario())
+    assert r["in_flight"] == 1 and r["drained"] == 2, r
+    assert r["idle_closed"] and r["idle_s"] < 0.2, r  # nothing in flight: closed at once
+    assert r["cids"] == [1, 7] and r["fetch_error"] == 0, r  # the long poll and the request sent while draining
+    # The long poll was answered by the broker (not cut short), then the connection closed right after.
+    assert r["answered_s"] >= proxy_server.DRAIN_IDLE_GRACE_S, r
+    assert r["busy_closed"] and r["closed_s"] - r["answered_s"] < 0.5, r

@@ -65,7 +65,7 @@ from typing import Any
 
 import attrs
 
-from chaos.trace import CLIENT_EVENTS, CLIENT_FAMILIES, FIELD_NAMES, FIELDS, FLEET_EVENTS
+from chaos.trace import check_event
 
 NS_PER_MS = 1_000_000
 SUCCESS_EVENTS = ("ack", "consume")
@@ -93,45 +93,6 @@ def iter_events(trace_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
 
 def load_events(trace_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     return list(iter_events(trace_dir))
-
-
-def check_event(obj: Any) -> str | None:
-    """Why ``obj`` does not fit the trace schema, or None if it does."""
-    if not isinstance(obj, dict):
-        return "not a JSON object"
-    keys = set(obj)
-    if keys != set(FIELD_NAMES):
-        missing, extra = sorted(set(FIELD_NAMES) - keys), sorted(keys - set(FIELD_NAMES))
-        return f"fields differ from the schema (missing {missing}, unknown {extra})"
-    for name, kind in FIELDS:
-        value = obj[name]
-        if value is None:
-            continue
-        if kind in ("long", "int"):
-            if isinstance(value, bool) or not isinstance(value, int):
-                return f"{name} must be an integer, got {value!r}"
-            bits = 31 if kind == "int" else 63
-            if not -(2**bits) <= value < 2**bits:
-                return f"{name} out of range for {kind}: {value}"
-        elif not isinstance(value, str):
-            return f"{name} must be a string, got {value!r}"
-    for name in ("ts_ns", "run_id", "source", "event"):
-        if obj[name] is None:
-            return f"{name} is required"
-    source, event = obj["source"], obj["event"]
-    if source == "client":
-        if event not in CLIENT_EVENTS:
-            return f"unknown client event {event!r}"
-        if obj["client_id"] is None:
-            return "client event without client_id"
-        if obj["family"] not in CLIENT_FAMILIES:
-            return f"unknown client family {obj['family']!r}"
-    elif source == "fleet":
-        if event not in FLEET_EVENTS:
-            return f"unknown fleet event {event!r}"
-    else:
-        return f"unknown source {source!r}"
-    return None
 
 
 def validate_trace(trace_dir: str | os.PathLike[str], max_errors: int = 20) -> list[str]:

@@ -60,8 +60,56 @@ FLEET_EVENTS = frozenset(
 CLIENT_FAMILIES = frozenset({"aiokafka", "confluent", "kafka-python", "java"})
 
 
+# Fields without which an event means nothing.
+REQUIRED: tuple[str, ...] = ("ts_ns", "run_id", "source", "event")
+INT_RANGE: dict[str, tuple[int, int]] = {"long": (-(2**63), 2**63 - 1), "int": (-(2**31), 2**31 - 1)}
+
+
 class TraceError(ValueError):
     """An event that does not fit the schema."""
+
+
+def check_event(obj: Any, *, complete: bool = True) -> str | None:
+    """Why a decoded JSON value is not a valid trace event, or None if it is.
+
+    ``complete=True`` is the writer's contract (``chaos.summary``): exactly the
+    schema's fields, and a client event names its client and a known family.
+    ``complete=False`` is the readers' (``spark.schema``): an absent field reads
+    as null, as Spark's JSON reader has it.
+    """
+    if not isinstance(obj, dict):
+        return f"not a JSON object: {type(obj).__name__}"
+    if complete and set(obj) != set(FIELD_NAMES):
+        missing, extra = sorted(set(FIELD_NAMES) - set(obj)), sorted(set(obj) - set(FIELD_NAMES))
+        return f"fields differ from the schema (missing {missing}, unknown {extra})"
+    for name, kind in FIELDS:
+        value = obj.get(name)
+        if value is None:
+            if name in REQUIRED:
+                return f"field {name!r} is missing or null"
+            continue
+        if kind in INT_RANGE:
+            if isinstance(value, bool) or not isinstance(value, int):
+                return f"field {name!r} must be a JSON integer, got {json.dumps(value)}"
+            low, high = INT_RANGE[kind]
+            if not low <= value <= high:
+                return f"field {name!r} out of range for {kind}: {value}"
+        elif not isinstance(value, str):
+            return f"field {name!r} must be a string, got {json.dumps(value)}"
+    source, event = obj["source"], obj["event"]
+    if source == "client":
+        if event not in CLIENT_EVENTS:
+            return f"unknown client event {event!r}"
+        if complete and obj["client_id"] is None:
+            return "client event without client_id"
+        if complete and obj["family"] not in CLIENT_FAMILIES:
+            return f"unknown client family {obj['family']!r}"
+    elif source == "fleet":
+        if event not in FLEET_EVENTS:
+            return f"unknown fleet event {event!r}"
+    else:
+        return f"unknown source {source!r}"
+    return None
 
 
 def make_event(source: str, event: str, *, ts_ns: int | None = None, run_id: str, **fields: Any) -> dict[str, Any]:

@@ -227,7 +227,7 @@ def test_validate_trace(tmp_path):
     (tmp_path / "bad.jsonl").write_text("\n".join(json.dumps(b) for b in bad) + "\nnot json\n")
     errors = summary.validate_trace(tmp_path)
     assert [e.split(":")[1] for e in errors] == ["1", "2", "3", "4", "5"]
-    assert "offset must be an integer" in errors[0] and "unknown client event" in errors[1]
+    assert "'offset' must be a JSON integer" in errors[0] and "unknown client event" in errors[1]
     assert "missing ['group']" in errors[2] and "unknown client family" in errors[3] and "not JSON" in errors[4]
 
 

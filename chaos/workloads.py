@@ -511,7 +511,13 @@ def _consume_confluent(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> N
     consumer.subscribe([a.topic])
     try:
         while not stop.requested():
-            msgs = consumer.consume(num_messages=500, timeout=POLL_TIMEOUT_S)
+            # consume(n, timeout) waits for n messages or the whole timeout: records would
+            # reach the application in ~200 ms lumps. poll() returns at the first one;
+            # what is already queued behind it comes with consume(timeout=0).
+            first = consumer.poll(POLL_TIMEOUT_S)
+            if first is None:
+                continue
+            msgs = [first, *consumer.consume(num_messages=499, timeout=0)]
             offsets: dict[int, int] = {}
             for m in msgs:
                 if m.error() is not None:

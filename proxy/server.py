@@ -47,6 +47,11 @@ DRAIN_TIMEOUT_S = 5.0
 # A draining connection keeps forwarding requests for up to this long, waiting
 # for a moment with nothing in flight to close at; then reads stop (DESIGN §4).
 DRAIN_IDLE_GRACE_S = 0.25
+# With address takeover a draining node keeps its listeners this long (until the
+# stand-ins are listening too) and serves what it accepts for a moment before
+# draining it.
+DRAIN_LISTENER_LINGER_S = 1.0
+DRAIN_NEW_CONNECTION_S = 0.1
 
 
 class AddressBook:
@@ -138,7 +143,7 @@ class ClientSide(asyncio.Protocol):
         self.node._pairs.add(pair)
         self.node.metrics.active.inc()
         self.node.metrics.accepted("bootstrap" if pair.listener == BOOTSTRAP else f"broker-{pair.listener}")
-        if self.node.draining:
+        if self.node.draining and not self.node.takeover_enabled:
             pair.close("node is draining")
             return
         transport.pause_reading()
@@ -263,6 +268,7 @@ class ProxyNode:
         self._vacant: tuple[NodeConfig, ...] = ()
         self._takeover: dict[tuple[str, int], asyncio.AbstractServer] = {}  # (node id, listener) -> server
         self._takeover_failed: set[tuple[str, int]] = set()
+        self._lingering: list[asyncio.AbstractServer] = []  # a draining node's listeners, closing soon
         self._drain_paused: set[_Pair] = set()  # draining pairs whose client reads stopped (until the deadline)
 
     # ----------------------------------------------------------- lifecycle
@@ -300,9 +306,10 @@ class ProxyNode:
         log.info("node serving again", extra={"node": self.local.id})
 
     async def stop(self) -> None:
-        for server in [*self._servers.values(), *self._takeover.values()]:
+        for server in [*self._servers.values(), *self._takeover.values(), *self._lingering]:
             server.close()
         self._takeover.clear()
+        self._lingering.clear()
         for pair in list(self._pairs):
             pair.close("node stopping")
         for task in list(self._tasks):
@@ -404,6 +411,8 @@ class ProxyNode:
                 pair._pending.clear()
             assert pair.client is not None
             pair.client.resume_reading()
+            if self.draining:  # accepted while stand-ins take over: serve a moment, then move it
+                asyncio.get_running_loop().call_later(DRAIN_NEW_CONNECTION_S, self._start_drain, pair)
             return
         self.metrics.upstream_errors.labels(self.local.id).inc()
         pair.close(f"no upstream reachable: {'; '.join(errors) or 'broker unknown'}", level=logging.WARNING)
@@ -512,18 +521,39 @@ class ProxyNode:
         return count
 
     def drain_all(self) -> int:
-        """Graceful node drain: refuse new connections, move every client away."""
+        """Graceful node drain: move every client away, stop accepting.
+
+        Without address takeover, new connections are refused at once (DESIGN
+        §4). With it, the other nodes start standing in on this node's ports
+        when they apply the same commit, a few ms from now or more; refusing
+        before that would turn the reconnect of every drained client into a
+        connection error and a backoff. So the listeners stay open for
+        ``DRAIN_LISTENER_LINGER_S`` (sharing the ports with the stand-ins), and
+        a connection accepted meanwhile is served and then drained like the rest.
+        """
         self.draining = True
-        for server in [*self._servers.values(), *self._takeover.values()]:
+        for server in self._takeover.values():
             server.close()
-        self._servers.clear()
         self._takeover.clear()
+        own = list(self._servers.values())
+        self._servers.clear()
+        if self.takeover_enabled:
+            self._lingering.extend(own)
+            asyncio.get_running_loop().call_later(DRAIN_LISTENER_LINGER_S, self._close_servers, own)
+        else:
+            self._close_servers(own)
         count = 0
         for pair in list(self._pairs):
             if not pair.draining:
                 self._start_drain(pair)
                 count += 1
         return count
+
+    def _close_servers(self, servers: list[asyncio.AbstractServer]) -> None:
+        for server in servers:
+            server.close()
+            if server in self._lingering:
+                self._lingering.remove(server)
 
     def _start_drain(self, pair: _Pair) -> None:
         """Close the client's connection at its first idle moment: every response
@@ -533,6 +563,8 @@ class ProxyNode:
         in librdkafka and Java). After ``DRAIN_IDLE_GRACE_S`` without such a
         moment (a client that always has requests in flight), reads stop and the
         in-flight responses are flushed before the close."""
+        if pair.closed or pair.draining:
+            return
         pair.draining = True
         self.metrics.drained.labels(self.local.id).inc()
         self._maybe_finish_drain(pair)

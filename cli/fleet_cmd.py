@@ -84,7 +84,7 @@ def cluster() -> None:
 def render_status(view: dict[str, Any], problems: list[str]) -> None:
     nodes = Table(title=f"kproxy fleet — epoch {view['epoch']}, leader {view['leader'] or '—'}")
     for col in ("node", "address", "role", "term", "epoch", "quorum", "identities", "standing in for"):
-        nodes.add_column(col)
+        nodes.add_column(col, no_wrap=col != "standing in for", overflow="fold")
     for n in view["nodes"]:
         role = n["role"] if n["alive"] else "[red]DOWN[/red]"
         nodes.add_row(n["id"], n["address"], role, str(n["term"] or "—"), str(n["epoch"] or "—"),

@@ -6,9 +6,17 @@ shared and noisy, so only ratios measured in one run mean anything):
 * produce throughput with Kafka's own ProducerPerformance: 1 KiB records with
   default batching, and with ~1 MiB batches (batch.size=1 MiB, linger 20 ms),
   acks=all, idempotent, RF=3;
-* fetch throughput with Kafka's ConsumerPerformance over what was produced;
+* fetch throughput with Kafka's ConsumerPerformance over what was produced:
+  each run, direct or proxied, reads both topics of that batching (the direct
+  and the proxied one, ``--include``), so every run fetches the same
+  2 x records x rounds records (~1.2 GB at the defaults: a run lasts seconds,
+  not the ~1 s where JVM start-up and the group join dominate), and fetch runs
+  ``fetch_rounds`` times each way (default 2 x rounds);
 * proxy CPU seconds per GB forwarded (the proxy process' CPU time over the
-  bytes its metrics counted, both directions);
+  bytes its metrics counted, both directions), per phase (produce small,
+  produce 1 MiB, fetch small, fetch 1 MiB: sampled around each proxied run
+  only) and overall (the sum of the phases); the proxy's CPU while the direct
+  runs went on (idle: timers, metadata refresh) is reported apart;
 * added produce latency (p50/p99 of ProducerPerformance at a fixed, modest
   rate, proxied minus direct);
 * the cost of rewriting a Metadata response at 100 … 50,000 partitions.
@@ -16,6 +24,7 @@ shared and noisy, so only ratios measured in one run mean anything):
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import tempfile
@@ -51,8 +60,10 @@ def producer_perf(bootstrap: str, topic: str, records: int, size: int, throughpu
             "p50_ms": float(m.group(6)), "p99_ms": float(m.group(8))}
 
 
-def consumer_perf(bootstrap: str, topic: str, records: int) -> dict[str, float]:
-    out = kafka_tool("org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server", bootstrap, "--topic", topic,
+def consumer_perf(bootstrap: str, topic: str, records: int, *, include: str | None = None) -> dict[str, float]:
+    """Consume ``records`` from ``topic`` (or every topic matching the regex ``include``)."""
+    which = ["--include", include] if include is not None else ["--topic", topic]
+    out = kafka_tool("org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server", bootstrap, *which,
                      "--num-records", str(records), "--timeout", "60000", "--group", f"bench-{uuid.uuid4().hex[:8]}",
                      "--command-property", "auto.offset.reset=earliest", timeout=600).stdout
     lines = [line for line in out.splitlines() if line.strip()]
@@ -60,7 +71,10 @@ def consumer_perf(bootstrap: str, topic: str, records: int) -> dict[str, float]:
     names = [c.strip() for c in lines[header_idx].split(",")]
     values = [c.strip() for c in lines[header_idx + 1].split(",")]
     row = dict(zip(names, values))
-    return {"mb_per_s": float(row["fetch.MB.sec"]), "records": int(row["data.consumed.in.nMsg"])}
+    records_got = int(row["data.consumed.in.nMsg"])
+    if records_got < records:
+        raise RuntimeError(f"ConsumerPerformance read {records_got} of {records} records:\n{out[-2000:]}")
+    return {"mb_per_s": float(row["fetch.MB.sec"]), "records": records_got}
 
 
 class _ProxyMeter:
@@ -79,6 +93,49 @@ class _ProxyMeter:
         return t.user + t.system, forwarded
 
 
+class _Phases:
+    """Proxy CPU and bytes forwarded, summed per phase over the proxied runs;
+    what the proxy spent while direct runs went on is kept apart (idle)."""
+
+    def __init__(self, meter: _ProxyMeter) -> None:
+        self.meter = meter
+        self.cpu: dict[str, float] = {}
+        self.bytes: dict[str, float] = {}
+        self.idle_cpu = 0.0
+        self.idle_s = 0.0
+
+    def proxied(self, phase: str, fn: Callable[[], dict]) -> dict:
+        cpu0, bytes0 = self.meter.sample()
+        result = fn()
+        cpu1, bytes1 = self.meter.sample()
+        self.cpu[phase] = self.cpu.get(phase, 0.0) + cpu1 - cpu0
+        self.bytes[phase] = self.bytes.get(phase, 0.0) + bytes1 - bytes0
+        return result
+
+    def direct(self, fn: Callable[[], dict]) -> dict:
+        cpu0, _ = self.meter.sample()
+        t0 = time.monotonic()
+        result = fn()
+        self.idle_s += time.monotonic() - t0
+        self.idle_cpu += self.meter.sample()[0] - cpu0
+        return result
+
+    def report(self) -> dict[str, Any]:
+        def per_gb(cpu: float, forwarded: float) -> float:
+            return round(cpu / max(forwarded / 1e9, 1e-9), 3)
+
+        cpu, forwarded = sum(self.cpu.values()), sum(self.bytes.values())
+        return {
+            "proxy_cpu_s": round(cpu, 3),
+            "proxy_gb_forwarded": round(forwarded / 1e9, 3),
+            "proxy_cpu_s_per_gb": per_gb(cpu, forwarded),
+            "proxy_cpu_s_per_gb_by_phase": {k: per_gb(self.cpu[k], self.bytes[k]) for k in self.cpu},
+            "proxy_cpu_by_phase": {k: {"cpu_s": round(self.cpu[k], 3), "gb": round(self.bytes[k] / 1e9, 3)}
+                                   for k in self.cpu},
+            "proxy_idle_cpu_s": {"cpu_s": round(self.idle_cpu, 3), "during_direct_runs_s": round(self.idle_s, 1)},
+        }
+
+
 def _alternate(rounds: int, direct: Callable[[], dict], proxied: Callable[[], dict]) -> tuple[list, list]:
     d, p = [], []
     for _ in range(rounds):
@@ -87,10 +144,13 @@ def _alternate(rounds: int, direct: Callable[[], dict], proxied: Callable[[], di
     return d, p
 
 
-def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2,
+def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2, fetch_rounds: int | None = None,
         partitions: tuple[int, ...] = (100, 1000, 10_000, 50_000), progress: Callable[[str], None] = print,
         proxy_ip: str = "127.0.0.31", fetch_max_version: int | None = None) -> dict[str, Any]:
     from proxy.bench_rewrite import bench_metadata_rewrite
+
+    fetch_rounds = fetch_rounds or 2 * rounds
+    load_before = [round(x, 2) for x in os.getloadavg()]
 
     with tempfile.TemporaryDirectory(prefix="kproxy-bench-") as tmp:
         cluster = None
@@ -106,29 +166,39 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
             node = NodeProcess(cfg, "p1", proxy_ip, 9400, Path(tmp) / "p1.log").start()
             node.wait_ready(60)
             proxied_bs = f"{proxy_ip}:9092"
-            meter = _ProxyMeter(node)
-            cpu0, bytes0 = meter.sample()
+            phases = _Phases(_ProxyMeter(node))
             results: dict[str, Any] = {"records": records, "record_bytes": 1024, "rounds": rounds,
+                                       "fetch_rounds": fetch_rounds,
+                                       "fetch_records_per_run": 2 * records * rounds,
                                        "fetch_max_version": fetch_max_version or "default"}
-            for name, props in (("small_batches", {}), ("1mb_batches", {"batch.size": 1 << 20, "linger.ms": 20,
-                                                                         "max.request.size": 2 << 20})):
-                topics = {"direct": f"bench-{name}-direct-{uuid.uuid4().hex[:6]}",
-                          "proxy": f"bench-{name}-proxy-{uuid.uuid4().hex[:6]}"}
+            for name, short, props in (("small_batches", "small", {}),
+                                       ("1mb_batches", "1mb", {"batch.size": 1 << 20, "linger.ms": 20,
+                                                               "max.request.size": 2 << 20})):
+                suffix = uuid.uuid4().hex[:6]
+                topics = {"direct": f"bench-{name}-direct-{suffix}", "proxy": f"bench-{name}-proxy-{suffix}"}
                 for t in topics.values():
                     kafka_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap, "--create",
                                "--topic", t, "--partitions", "6", "--replication-factor", "3")
                 progress(f"produce throughput, {name}")
-                d, p = _alternate(rounds, lambda: producer_perf(bootstrap, topics["direct"], records, 1024, props=props),
-                                  lambda: producer_perf(proxied_bs, topics["proxy"], records, 1024, props=props))
+                d, p = _alternate(
+                    rounds,
+                    lambda: phases.direct(lambda: producer_perf(bootstrap, topics["direct"], records, 1024,
+                                                                props=props)),
+                    lambda: phases.proxied(f"produce_{short}", lambda: producer_perf(
+                        proxied_bs, topics["proxy"], records, 1024, props=props)))
                 results[f"produce_{name}"] = {"direct_mb_s": [r["mb_per_s"] for r in d],
                                               "proxy_mb_s": [r["mb_per_s"] for r in p]}
                 progress(f"fetch throughput, {name}")
-                total = records * rounds
-                d, p = _alternate(rounds, lambda: consumer_perf(bootstrap, topics["direct"], total),
-                                  lambda: consumer_perf(proxied_bs, topics["proxy"], total))
+                # Both ways read both topics: the same bytes, twice the data of one topic per run.
+                include = f"bench-{name}-(direct|proxy)-{suffix}"
+                total = 2 * records * rounds
+                d, p = _alternate(
+                    fetch_rounds,
+                    lambda: phases.direct(lambda: consumer_perf(bootstrap, "", total, include=include)),
+                    lambda: phases.proxied(f"fetch_{short}", lambda: consumer_perf(proxied_bs, "", total,
+                                                                                   include=include)))
                 results[f"fetch_{name}"] = {"direct_mb_s": [r["mb_per_s"] for r in d],
                                             "proxy_mb_s": [r["mb_per_s"] for r in p]}
-            cpu1, bytes1 = meter.sample()
             progress("produce latency at 2,000 records/s")
             lat_topic = f"bench-latency-{uuid.uuid4().hex[:6]}"
             kafka_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap, "--create",
@@ -151,14 +221,13 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
         "fetch_ratio": min(ratio("fetch_small_batches"), ratio("fetch_1mb_batches")),
         "produce_ratio_by_batching": {k: ratio(f"produce_{k}") for k in ("small_batches", "1mb_batches")},
         "fetch_ratio_by_batching": {k: ratio(f"fetch_{k}") for k in ("small_batches", "1mb_batches")},
-        "proxy_cpu_s": round(cpu1 - cpu0, 3),
-        "proxy_gb_forwarded": round((bytes1 - bytes0) / 1e9, 3),
-        "proxy_cpu_s_per_gb": round((cpu1 - cpu0) / max((bytes1 - bytes0) / 1e9, 1e-9), 3),
+        **phases.report(),
         "latency_direct_ms": {"p50": statistics.median(r["p50_ms"] for r in d),
                               "p99": statistics.median(r["p99_ms"] for r in d)},
         "latency_proxy_ms": {"p50": statistics.median(r["p50_ms"] for r in p),
                              "p99": statistics.median(r["p99_ms"] for r in p)},
         "metadata_rewrite_us": {str(k): round(v, 1) for k, v in rewrite_us.items()},
+        "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
     })
     results["latency_added_ms"] = {q: round(results["latency_proxy_ms"][q] - results["latency_direct_ms"][q], 2)
                                    for q in ("p50", "p99")}

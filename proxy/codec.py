@@ -44,8 +44,12 @@ Errors: :class:`proxy.errors.ProtocolError` (peer sent garbage, close), see
 :mod:`proxy.errors`. Anything else escaping is a bug.
 
 Buffers: pass-through segments may be the chunk object itself or memoryviews
-of it. Feed immutable ``bytes`` (what ``data_received`` gives), or do not
-reuse a buffer until its segments were written.
+of it. Chunks may be memoryviews of a buffer the caller reuses (the shell
+reads into one, see :mod:`proxy.buffers`): whatever the codec keeps across
+``feed`` calls it copies (a partial length/header, a frame collected for
+rewriting, a frame whose rewrite stalled, chunks queued while stalled), so
+the caller may overwrite a chunk's buffer as soon as the segments ``feed``
+returned are written (sent, or copied by the transport).
 """
 
 from __future__ import annotations
@@ -550,6 +554,10 @@ class RequestTracker:
 
 
 class RewriteOutput(Protocol):
+    """``pieces``: the new payload. An output may also say ``changed = False``:
+    then its pieces are the payload unchanged (the splitter forwards the
+    original frame, as pass-through)."""
+
     @property
     def pieces(self) -> Sequence[Buffer]: ...
 
@@ -704,19 +712,30 @@ class ResponseSplitter:
             self._api = (api_key, api_version)
             rewriter = self.rewriter
             if rewriter is not None and rewriter.wants(api_key, api_version):
-                if run >= 0:
-                    out.append(mv[run:pos])
-                    run = -1
                 if in_chunk and n - pos >= 4 + length:
                     # The whole frame is in this chunk: rewrite it in place,
                     # without collecting a copy.
-                    payload = mv[pos + 4 : pos + 4 + length]
+                    result = self._rewrite(mv[pos + 4 : pos + 4 + length])
+                    if result is not None and not getattr(result, "changed", True):
+                        # Nothing to rewrite (e.g. a Produce response without
+                        # node_endpoints): the frame joins the pass-through run.
+                        if run < 0:
+                            run = pos
+                        pos += 4 + length
+                        continue
+                    if run >= 0:
+                        out.append(mv[run:pos])
+                        run = -1
                     pos += 4 + length
-                    if not self._emit_rewrite(out, payload):
+                    if result is None:  # stalled: the rest waits for resume()
                         if pos < n:
                             self._backlog.append(bytes(mv[pos:]))
                         return
+                    self._emit_pieces(out, result.pieces)
                     continue
+                if run >= 0:
+                    out.append(mv[run:pos])
+                    run = -1
                 if in_chunk:
                     pos += 4  # the length prefix is recomputed
                     self._frame = bytearray()
@@ -755,28 +774,38 @@ class ResponseSplitter:
     def _emit_rewrite(self, out: list[Buffer], payload: Buffer | None = None) -> bool:
         """Rewrite a whole frame's payload (default: the collected one) into
         ``out``; False if stalled (the payload is then kept for resume)."""
+        result = self._rewrite(self._frame if payload is None else payload)
+        if result is None:
+            return False
+        self._emit_pieces(out, result.pieces)
+        return True
+
+    def _rewrite(self, payload: Buffer) -> RewriteOutput | None:
+        """Rewrite a whole frame's payload; None if stalled (a copy of the
+        payload is then kept for resume)."""
         api_key, api_version = self._api
         assert self.rewriter is not None
-        if payload is None:
-            payload = self._frame
         try:
             result = self.rewriter.rewrite(api_key, api_version, payload)
         except UnknownBroker as e:
             if payload is not self._frame:
-                self._frame = bytearray(payload)
+                self._frame = bytearray(payload)  # a copy: the caller may reuse its buffer
             self._stalled = e
             self._state = _STALLED
-            return False
+            return None
         except Exception as e:
             self._error = e
             raise
-        pieces = result.pieces
-        out.append(_LEN.pack(sum(len(p) for p in pieces)))
-        out.extend(pieces)
-        self._frame = bytearray()
+        if self._frame:
+            self._frame = bytearray()
         self._stalled = None
         self.rewritten += 1
-        return True
+        return result
+
+    @staticmethod
+    def _emit_pieces(out: list[Buffer], pieces: Sequence[Buffer]) -> None:
+        out.append(_LEN.pack(sum(len(p) for p in pieces)))
+        out.extend(pieces)
 
 
 class ConnectionCodec:

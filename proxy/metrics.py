@@ -1,12 +1,17 @@
 """Per-node data path counters (Prometheus), served by the admin endpoint.
 
 Each node owns its own ``CollectorRegistry`` so several nodes can live in one
-process (tests). Label children are cached: the hot path does one dict lookup
-and one locked add per request, never a label resolution.
+process (tests). The per-request and per-read counters (``kproxy_requests``,
+``kproxy_bytes``) are plain ints and a dict on the hot path, read by a custom
+collector at scrape time: a ``Counter.labels(...).inc()`` (a lock and a method
+call or two) per request is a visible share of the proxy's CPU for small
+requests. The rarer events (connections, errors, drains) stay ordinary
+Prometheus counters.
 """
 
 from __future__ import annotations
 
+import time
 from collections import Counter as Tally
 from typing import Iterator
 
@@ -16,6 +21,12 @@ from prometheus_client.registry import Collector
 
 
 class ProxyMetrics:
+    """Hot-path tallies (written from the event loop thread, read at scrape time):
+
+    * ``bytes_to_broker`` / ``bytes_to_client``: ints, ``+=`` per read;
+    * ``request_counts``: api_key -> requests, see :meth:`count_requests`.
+    """
+
     def __init__(self, node_id: str) -> None:
         self.node_id = node_id
         self.registry = CollectorRegistry(auto_describe=True)
@@ -24,25 +35,39 @@ class ProxyMetrics:
                                    registry=self.registry)
         self.connections_active = Gauge("kproxy_connections_active", "Open client connections", labels,
                                         registry=self.registry)
-        self.requests = Counter("kproxy_requests", "Requests forwarded by api_key", labels + ["api_key"],
-                                registry=self.registry)
-        self.bytes = Counter("kproxy_bytes", "Bytes forwarded", labels + ["direction"], registry=self.registry)
         self.protocol_errors = Counter("kproxy_protocol_errors", "Connections closed for a protocol error",
                                        labels + ["side"], registry=self.registry)
         self.upstream_errors = Counter("kproxy_upstream_errors", "Upstream connects or connections that failed",
                                        labels, registry=self.registry)
         self.drained = Counter("kproxy_connections_drained", "Client connections closed to move them", labels,
                                registry=self.registry)
-        self._requests: dict[int, object] = {}
-        self.bytes_up = self.bytes.labels(node_id, "client_to_broker")
-        self.bytes_down = self.bytes.labels(node_id, "broker_to_client")
         self.active = self.connections_active.labels(node_id)
+        # Hot path: plain ints and a dict, exported by _HotCollector.
+        self.created = time.time()
+        self.bytes_to_broker = 0
+        self.bytes_to_client = 0
+        self.request_counts: dict[int, int] = {}
+        self.request_created: dict[int, float] = {}
+        self.registry.register(_HotCollector(self))
 
     def request(self, api_key: int) -> None:
-        child = self._requests.get(api_key)
-        if child is None:
-            child = self._requests[api_key] = self.requests.labels(self.node_id, str(api_key))
-        child.inc()  # type: ignore[attr-defined]
+        """Count one request (same as ``count_requests`` for one api key)."""
+        try:
+            self.request_counts[api_key] += 1
+        except KeyError:
+            self.request_created[api_key] = time.time()
+            self.request_counts[api_key] = 1
+
+    def count_requests(self, headers) -> None:  # type: ignore[no-untyped-def]
+        """Count requests from a list of :class:`proxy.codec.RequestHeader`."""
+        counts = self.request_counts
+        for h in headers:
+            key = h.api_key
+            try:
+                counts[key] += 1
+            except KeyError:
+                self.request_created[key] = time.time()
+                counts[key] = 1
 
     def watch_rewrites(self, counts: Tally[int]) -> None:
         """Export the rewriter's own per-api_key tally (no cost on the hot path)."""
@@ -57,6 +82,28 @@ class ProxyMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _HotCollector(Collector):
+    """``kproxy_requests`` and ``kproxy_bytes``, from the node's plain counters
+    (same names, labels and ``_created`` samples as prometheus_client Counters)."""
+
+    def __init__(self, metrics: ProxyMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        m = self.metrics
+        node = m.node_id
+        requests = CounterMetricFamily("kproxy_requests", "Requests forwarded by api_key", labels=["node", "api_key"])
+        counts = m.request_counts.copy()  # the loop thread may add a key meanwhile
+        created = m.request_created.copy()
+        for api_key, n in sorted(counts.items()):
+            requests.add_metric([node, str(api_key)], n, created=created.get(api_key, m.created))
+        yield requests
+        forwarded = CounterMetricFamily("kproxy_bytes", "Bytes forwarded", labels=["node", "direction"])
+        forwarded.add_metric([node, "client_to_broker"], m.bytes_to_broker, created=m.created)
+        forwarded.add_metric([node, "broker_to_client"], m.bytes_to_client, created=m.created)
+        yield forwarded
 
 
 class _TallyCollector(Collector):

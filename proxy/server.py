@@ -33,6 +33,7 @@ import os
 import time
 from typing import Callable, Mapping
 
+from proxy.buffers import ReadBuffers, read_buffers
 from proxy.codec import ConnectionCodec
 from proxy.config import Config, HostPort, NodeConfig
 from proxy.errors import ProtocolError, RewriteError, UnknownBroker
@@ -102,7 +103,7 @@ class _Pair:
         self.draining = False
         self.peer = "?"
         self.upstream_addr: HostPort | None = None
-        self._pending: list[bytes] = []
+        self._pending: list[bytes] = []  # copies: read buffers are reused
         self.tap = None
         if node.config.tap_dir:
             path = f"{node.config.tap_dir}/{node.local.id}-{os.getpid()}-{next(self._ids)}.bin"
@@ -129,10 +130,14 @@ class _Pair:
                 t.abort()
 
 
-class ClientSide(asyncio.Protocol):
+class ClientSide(asyncio.BufferedProtocol):
+    """Client -> broker. Reads into the loop's shared buffer (proxy.buffers)."""
+
     def __init__(self, node: "ProxyNode", listener: int) -> None:
         self.node = node
         self.pair = _Pair(node, listener)
+        self._buffers: ReadBuffers = read_buffers()
+        self._view: memoryview = self._buffers.view
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         pair = self.pair
@@ -149,8 +154,13 @@ class ClientSide(asyncio.Protocol):
         transport.pause_reading()
         self.node._spawn(self.node._connect_upstream(pair))
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        view = self._view = self._buffers.view
+        return view
+
+    def buffer_updated(self, nbytes: int) -> None:
         pair = self.pair
+        data = self._view[:nbytes]
         try:
             headers = pair.codec.requests.feed(data)
         except ProtocolError as exc:
@@ -159,13 +169,17 @@ class ClientSide(asyncio.Protocol):
                         extra={"peer": pair.peer, "listener": pair.listener, "reason": str(exc)})
             pair.abort(f"protocol error: {exc}")
             return
-        for h in headers:
-            self.node.metrics.request(h.api_key)
-        self.node.metrics.bytes_up.inc(len(data))
-        if pair.upstream is not None:
-            pair.upstream.write(data)
+        metrics = self.node.metrics
+        if headers:
+            metrics.count_requests(headers)
+        metrics.bytes_to_broker += nbytes
+        upstream = pair.upstream
+        if upstream is not None:
+            upstream.write(data)
+            if upstream.get_write_buffer_size():  # it may keep a view of the buffer
+                self._buffers.release(upstream)
         else:  # cannot happen while paused, kept for safety
-            pair._pending.append(data)
+            pair._pending.append(bytes(data))
 
     def eof_received(self) -> bool | None:
         return False
@@ -182,18 +196,27 @@ class ClientSide(asyncio.Protocol):
             self.pair.upstream.resume_reading()
 
 
-class UpstreamSide(asyncio.Protocol):
+class UpstreamSide(asyncio.BufferedProtocol):
+    """Broker -> client. Reads into the loop's shared buffer (proxy.buffers)."""
+
     def __init__(self, pair: _Pair) -> None:
         self.pair = pair
+        self._buffers: ReadBuffers = read_buffers()
+        self._view: memoryview = self._buffers.view
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.set_write_buffer_limits(high=self.pair.node.config.limits.high_water_bytes)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        view = self._view = self._buffers.view
+        return view
+
+    def buffer_updated(self, nbytes: int) -> None:
         pair = self.pair
         node = pair.node
+        responses = pair.codec.responses
         try:
-            out = pair.codec.responses.feed(data)
+            out = responses.feed(self._view[:nbytes])
         except ProtocolError as exc:
             node.metrics.protocol_error("broker")
             log.warning("protocol error from broker, closing the pair",
@@ -205,15 +228,18 @@ class UpstreamSide(asyncio.Protocol):
                       extra={"peer": pair.peer, "listener": pair.listener, "reason": str(exc)})
             pair.abort(f"rewrite error: {exc}")
             return
-        node.metrics.bytes_down.inc(len(data))
-        if out and pair.client is not None:
+        node.metrics.bytes_to_client += nbytes
+        client = pair.client
+        if out and client is not None:
             if len(out) == 1:  # the common case: one pass-through slice; write() avoids a join
-                pair.client.write(out[0])
+                client.write(out[0])
             else:
-                pair.client.writelines(out)
+                client.writelines(out)
             if pair.tap is not None:
                 pair.tap.writelines(out)
-        stalled = pair.codec.responses.stalled
+            if client.get_write_buffer_size():  # it may keep a view of the buffer
+                self._buffers.release(client)
+        stalled = responses.stalled
         if stalled is not None:
             assert pair.upstream is not None
             pair.upstream.pause_reading()

@@ -354,7 +354,11 @@ def test_lost_quorum_serves_alone_then_committed_table_wins(fleet):
     table = st["p1"]["assignment"]
     survivor = "p2"
     dead = ["p1", "p3"]
-    t_kill = min(fleet.members[p].signal(signal.SIGKILL) for p in dead)
+    # Freeze both first: a frozen node resets no connection, so the other victim cannot
+    # detect and commit the first one's death in the moment between the two kills.
+    t_kill = min(fleet.members[p].signal(signal.SIGSTOP) for p in dead)
+    for p in dead:
+        fleet.members[p].signal(signal.SIGKILL)
 
     st = fleet.wait_for(
         f"{survivor} degraded and advertising itself",

@@ -295,7 +295,6 @@ class ProxyNode:
         self._takeover: dict[tuple[str, int], asyncio.AbstractServer] = {}  # (node id, listener) -> server
         self._takeover_failed: set[tuple[str, int]] = set()
         self._lingering: list[asyncio.AbstractServer] = []  # a draining node's listeners, closing soon
-        self._drain_paused: set[_Pair] = set()  # draining pairs whose client reads stopped (until the deadline)
 
     # ----------------------------------------------------------- lifecycle
     async def start(self, discovery_timeout: float = 60.0) -> None:
@@ -602,7 +601,6 @@ class ProxyNode:
     def _drain_stop_reading(self, pair: _Pair) -> None:
         if pair.closed:
             return
-        self._drain_paused.add(pair)
         if pair.client is not None:
             pair.client.pause_reading()  # no new requests
         self._maybe_finish_drain(pair)
@@ -612,13 +610,13 @@ class ProxyNode:
             return
         if pair.codec.idle:
             pair.close("identity moved: drained")
-        elif pair in self._drain_paused and not pair.codec.table and pair.codec.responses.at_frame_boundary:
+        elif (pair.client is None or not pair.client.is_reading()) and not pair.codec.table \
+                and pair.codec.responses.at_frame_boundary:
             # Reads stopped: the request tracker may be mid-frame (a partial
             # request the broker never answers); only responses matter now.
             pair.close("identity moved: drained")
 
     def _drain_deadline(self, pair: _Pair) -> None:
-        self._drain_paused.discard(pair)
         if not pair.closed:
             pair.close("identity moved: drain deadline reached", level=logging.WARNING)
 

@@ -95,6 +95,7 @@ KEY_SPREAD = 1000  # wire key = seq % KEY_SPREAD (Java: --repeating-keys)
 FLUSH_TIMEOUT_S = 30.0  # producer: wait for outstanding acks on stop
 COMMIT_RETRY_S = 10.0  # consumer: keep retrying a failed commit this long
 POLL_TIMEOUT_S = 0.2  # consumer poll
+TOPIC_WAIT_S = 60.0  # a consumer waits this long for its topic's metadata
 JVM_EXIT_TIMEOUT_S = 30.0  # after SIGTERM to the JVM, SIGKILL it after this long
 MAX_BEHIND_S = 0.5  # producer pacing: after a stall longer than this, do not burst to catch up
 MAX_LIFETIME_S = 3600.0  # without --duration-s: stop anyway after this long (an orphan must end)
@@ -536,9 +537,18 @@ def _consume_kafka_python(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -
     from kafka import KafkaConsumer
     from kafka.structs import OffsetAndMetadata
 
-    consumer = KafkaConsumer(a.topic, bootstrap_servers=a.bootstrap.split(","), group_id=a.group,
+    consumer = KafkaConsumer(bootstrap_servers=a.bootstrap.split(","), group_id=a.group,
                              client_id=a.client_id, **SETTINGS["kafka-python"]["consumer"])
     try:
+        # Subscribe once the topic's partitions are known. kafka-python (3.0) that joins
+        # its group while its metadata lacks a just-created topic gets no partitions
+        # ("No partition metadata for topic") and was seen never to rebalance after.
+        deadline = time.monotonic() + TOPIC_WAIT_S
+        while not consumer.partitions_for_topic(a.topic) and not stop.requested():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"topic {a.topic} has no partitions after {TOPIC_WAIT_S:.0f} s")
+            time.sleep(0.1)
+        consumer.subscribe([a.topic])
         while not stop.requested():
             batch = consumer.poll(timeout_ms=int(POLL_TIMEOUT_S * 1000))
             offsets = {}

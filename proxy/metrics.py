@@ -50,14 +50,6 @@ class ProxyMetrics:
         self.request_created: dict[int, float] = {}
         self.registry.register(_HotCollector(self))
 
-    def request(self, api_key: int) -> None:
-        """Count one request (same as ``count_requests`` for one api key)."""
-        try:
-            self.request_counts[api_key] += 1
-        except KeyError:
-            self.request_created[api_key] = time.time()
-            self.request_counts[api_key] = 1
-
     def count_requests(self, headers) -> None:  # type: ignore[no-untyped-def]
         """Count requests from a list of :class:`proxy.codec.RequestHeader`."""
         counts = self.request_counts

@@ -289,8 +289,9 @@ class ProxyNode:
         # Upstream connections leave from this node's own address (like a separate host).
         self._source = (self.local.host, 0)
         # Address takeover (fleet only): listeners on the addresses of vacant nodes.
+        # With takeover, own listeners use SO_REUSEPORT too: the node and its stand-ins share ports while it
+        # comes back.
         self.takeover_enabled = fleet and config.fleet is not None and config.fleet.address_takeover
-        self._reuse_port = self.takeover_enabled  # the node and its stand-ins share ports while it comes back
         self._vacant: tuple[NodeConfig, ...] = ()
         self._takeover: dict[tuple[str, int], asyncio.AbstractServer] = {}  # (node id, listener) -> server
         self._takeover_failed: set[tuple[str, int]] = set()
@@ -319,7 +320,7 @@ class ProxyNode:
         if BOOTSTRAP not in self._servers:
             self._servers[BOOTSTRAP] = await asyncio.get_running_loop().create_server(
                 lambda: ClientSide(self, BOOTSTRAP), self.local.host, self.local.bootstrap_port, reuse_address=True,
-                reuse_port=self._reuse_port)
+                reuse_port=self.takeover_enabled)
 
     async def undrain(self) -> None:
         """Serve again after ``drain_all``: bind every listener again."""
@@ -376,7 +377,7 @@ class ProxyNode:
                     port = self.config.broker_port(b.node_id)
                     self._servers[b.node_id] = await asyncio.get_running_loop().create_server(
                         lambda bid=b.node_id: ClientSide(self, bid), self.local.host, port, reuse_address=True,
-                        reuse_port=self._reuse_port)
+                        reuse_port=self.takeover_enabled)
                     self.book.bound.add(b.node_id)
                     if not self.fleet:
                         self.book.owners[b.node_id] = self.local.id
@@ -480,7 +481,8 @@ class ProxyNode:
 
     # ----------------------------------------------------- address takeover
     def stand_in_for(self, vacant: list[NodeConfig]) -> None:
-        """Serve the addresses of these vacant (down or draining) nodes: their
+        """Record the vacant (down or draining) nodes; the next
+        ``apply_assignment`` binds or releases to match. This node serves their
         bootstrap port, and the port of every identity this node owns. A client
         that kept a vacant node's address (librdkafka's group coordinator, a
         bootstrap list) then reaches the right broker instead of a refused
@@ -488,10 +490,7 @@ class ProxyNode:
         (DESIGN §2.3), so two nodes sharing a port for a moment is harmless."""
         if not self.takeover_enabled:
             return
-        vacant = sorted((n for n in vacant if n.id != self.local.id), key=lambda n: n.id)
-        if tuple(vacant) != self._vacant:
-            self._vacant = tuple(vacant)
-            self._spawn(self._sync_takeover())
+        self._vacant = tuple(sorted((n for n in vacant if n.id != self.local.id), key=lambda n: n.id))
 
     def _takeover_wanted(self) -> dict[tuple[str, int], tuple[str, int]]:
         """(node id, listener) -> (host, port) this node should stand in on now."""

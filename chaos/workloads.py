@@ -71,6 +71,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -450,26 +451,61 @@ class ConsumerTrace:
         return {"consumed": self.consumed, "errors": self.errors, "foreign": self.foreign}
 
 
-def _commit_with_retry(commit: Any, t: ConsumerTrace, stop: Stop) -> None:
-    """Call ``commit()`` until it succeeds, bounded by ``COMMIT_RETRY_S``."""
-    deadline = time.monotonic() + COMMIT_RETRY_S
-    backoff_s = RETRY_BACKOFF_MS / 1000
-    for _ in range(1000):  # bounded in count as well as in time
+class CommitRetry:
+    """What to do after a failed commit: retry after a backoff, bounded by ``COMMIT_RETRY_S``,
+    or give up at once when only a poll can cure the error. A commit refused because the
+    group is rebalancing (or this member's generation is gone) never succeeds before the
+    consumer polls again, which is what rejoins the group; retrying it in a loop kept
+    kafka-python out of its group for the whole 10 s of retries, again and again. Given up,
+    the records since the last commit come again after the rejoin: a consumer group's
+    at-least-once, which the trace counts as re-delivery, not as a duplicate."""
+
+    __slots__ = ("t", "rebalancing", "deadline", "backoff_s", "attempts")
+
+    def __init__(self, t: ConsumerTrace, rebalancing: Callable[[BaseException], bool]) -> None:
+        self.t = t
+        self.rebalancing = rebalancing
+        self.deadline = time.monotonic() + COMMIT_RETRY_S
+        self.backoff_s = RETRY_BACKOFF_MS / 1000
+        self.attempts = 0
+
+    def failed(self, exc: BaseException) -> float | None:
+        """Record the failure; return the seconds to wait before the next attempt, or None."""
+        self.t.error(f"commit failed: {type(exc).__name__}: {exc}")
+        self.attempts += 1
+        if self.rebalancing(exc) or self.attempts >= 1000 or time.monotonic() + self.backoff_s > self.deadline:
+            return None
+        delay, self.backoff_s = self.backoff_s, min(self.backoff_s * 2, RETRY_BACKOFF_MAX_MS / 1000)
+        return delay
+
+
+def _commit_with_retry(commit: Callable[[], Any], t: ConsumerTrace,
+                       rebalancing: Callable[[BaseException], bool]) -> None:
+    """Call ``commit()`` until it succeeds or :class:`CommitRetry` gives up."""
+    retry = CommitRetry(t, rebalancing)
+    while True:
         try:
             commit()
             return
         except Exception as exc:
-            t.error(f"commit failed: {type(exc).__name__}: {exc}")
-            if time.monotonic() + backoff_s > deadline:
+            delay = retry.failed(exc)
+            if delay is None:
                 return
-            time.sleep(backoff_s)  # retry backoff (a rate, not a condition)
-            backoff_s = min(backoff_s * 2, RETRY_BACKOFF_MAX_MS / 1000)
+            time.sleep(delay)  # retry backoff (a rate, not a condition)
+
+
+def _is_instance(*types: type[BaseException]) -> Callable[[BaseException], bool]:
+    return lambda exc: isinstance(exc, types)
 
 
 def _consume_aiokafka(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> None:
     import asyncio
 
     from aiokafka import AIOKafkaConsumer
+    from aiokafka import errors
+
+    rebalancing = _is_instance(errors.CommitFailedError, errors.RebalanceInProgressError,
+                               errors.IllegalGenerationError, errors.UnknownMemberIdError)
 
     async def run() -> None:
         consumer = AIOKafkaConsumer(a.topic, bootstrap_servers=a.bootstrap, group_id=a.group, client_id=a.client_id,
@@ -485,20 +521,29 @@ def _consume_aiokafka(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> No
                     for r in records:
                         t.consume(r.value, r.partition, r.offset)
                     offsets[tp] = records[-1].offset + 1
-                deadline = time.monotonic() + COMMIT_RETRY_S
-                for _ in range(1000):
+                retry = CommitRetry(t, rebalancing)
+                while True:
                     try:
                         await consumer.commit(offsets)
                         break
                     except Exception as exc:
-                        t.error(f"commit failed: {type(exc).__name__}: {exc}")
-                        if time.monotonic() > deadline:
+                        delay = retry.failed(exc)
+                        if delay is None:
                             break
-                        await asyncio.sleep(RETRY_BACKOFF_MS / 1000)
+                        await asyncio.sleep(delay)
         finally:
             await asyncio.wait_for(consumer.stop(), FLUSH_TIMEOUT_S)
 
     asyncio.run(run())
+
+
+def confluent_rebalancing(exc: BaseException) -> bool:
+    """A librdkafka commit error that only a poll cures (see :class:`CommitRetry`)."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else None
+    return isinstance(err, KafkaError) and err.code() in (
+        KafkaError.REBALANCE_IN_PROGRESS, KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID)
 
 
 def _consume_confluent(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> None:
@@ -528,14 +573,19 @@ def _consume_confluent(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> N
                 offsets[m.partition()] = m.offset() + 1
             if offsets:
                 tps = [TopicPartition(a.topic, p, o) for p, o in offsets.items()]
-                _commit_with_retry(lambda: consumer.commit(offsets=tps, asynchronous=False), t, stop)
+                _commit_with_retry(lambda: consumer.commit(offsets=tps, asynchronous=False), t,
+                                   confluent_rebalancing)
     finally:
         consumer.close()
 
 
 def _consume_kafka_python(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> None:
     from kafka import KafkaConsumer
+    from kafka import errors
     from kafka.structs import OffsetAndMetadata
+
+    rebalancing = _is_instance(errors.CommitFailedError, errors.RebalanceInProgressError,
+                               errors.IllegalGenerationError, errors.UnknownMemberIdError)
 
     consumer = KafkaConsumer(bootstrap_servers=a.bootstrap.split(","), group_id=a.group,
                              client_id=a.client_id, **SETTINGS["kafka-python"]["consumer"])
@@ -557,7 +607,7 @@ def _consume_kafka_python(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -
                     t.consume(r.value, r.partition, r.offset)
                 offsets[tp] = OffsetAndMetadata(records[-1].offset + 1, "", -1)
             if offsets:
-                _commit_with_retry(lambda: consumer.commit(offsets), t, stop)
+                _commit_with_retry(lambda: consumer.commit(offsets), t, rebalancing)
     finally:
         consumer.close()
 
@@ -748,6 +798,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    for name in filter(None, os.environ.get("KPROXY_WORKLOAD_DEBUG", "").split(",")):
+        logging.getLogger(name.strip()).setLevel(logging.DEBUG)  # e.g. kafka.coordinator, for a diagnosis
     if a.role == "producer" and a.rate <= 0:
         print("--rate must be positive", file=sys.stderr)
         return 2

@@ -1,0 +1,94 @@
+"""The consumer workloads' commit retry: back off on errors a retry can cure, give up at once
+on those only a poll cures (the group is rebalancing), bounded by COMMIT_RETRY_S."""
+
+from __future__ import annotations
+
+import pytest
+
+from chaos import workloads
+from chaos.workloads import CommitRetry, _commit_with_retry, _is_instance
+
+
+class _Trace:
+    def __init__(self) -> None:
+        self.errors: list[str] = []
+
+    def error(self, detail: str) -> None:
+        self.errors.append(detail)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.now += s
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = _Clock()
+    monkeypatch.setattr(workloads.time, "monotonic", c.monotonic)
+    monkeypatch.setattr(workloads.time, "sleep", c.sleep)
+    return c
+
+
+class _Flaky:
+    """A commit() that raises the given exceptions in turn, then succeeds."""
+
+    def __init__(self, *excs: BaseException) -> None:
+        self.excs = list(excs)
+        self.calls = 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+        if self.excs:
+            raise self.excs.pop(0)
+
+
+def test_kafka_python_rebalance_gives_up_at_once(clock):
+    from kafka import errors
+
+    rebalancing = _is_instance(errors.CommitFailedError, errors.RebalanceInProgressError)
+    t = _Trace()
+    commit = _Flaky(errors.RebalanceInProgressError("rebalancing"), errors.RebalanceInProgressError("again"))
+    _commit_with_retry(commit, t, rebalancing)  # type: ignore[arg-type]
+    assert commit.calls == 1
+    assert clock.sleeps == []
+    assert len(t.errors) == 1 and "RebalanceInProgressError" in t.errors[0]
+
+
+def test_retriable_error_backs_off_then_succeeds(clock):
+    from kafka import errors
+
+    rebalancing = _is_instance(errors.RebalanceInProgressError)
+    t = _Trace()
+    commit = _Flaky(*(errors.NotCoordinatorError("moved") for _ in range(5)))
+    _commit_with_retry(commit, t, rebalancing)  # type: ignore[arg-type]
+    assert commit.calls == 6
+    assert clock.sleeps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0])
+    assert len(t.errors) == 5
+
+
+def test_retries_end_at_the_deadline(clock):
+    t = _Trace()
+    commit = _Flaky(*(TimeoutError("slow") for _ in range(100)))
+    _commit_with_retry(commit, t, lambda exc: False)  # type: ignore[arg-type]
+    assert sum(clock.sleeps) <= workloads.COMMIT_RETRY_S
+    assert sum(clock.sleeps) > workloads.COMMIT_RETRY_S - workloads.RETRY_BACKOFF_MAX_MS / 1000
+    assert commit.calls == len(clock.sleeps) + 1 < 100
+
+
+def test_confluent_rebalance_codes_give_up():
+    from confluent_kafka import KafkaError, KafkaException
+
+    retry = CommitRetry(_Trace(), workloads.confluent_rebalancing)  # type: ignore[arg-type]
+    assert retry.failed(KafkaException(KafkaError(KafkaError.REBALANCE_IN_PROGRESS))) is None
+    retry = CommitRetry(_Trace(), workloads.confluent_rebalancing)  # type: ignore[arg-type]
+    assert retry.failed(KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT))) == pytest.approx(0.1)
+

@@ -624,6 +624,25 @@ class ResponseSplitter:
     def at_frame_boundary(self) -> bool:
         return self._state == _HEAD and not self._head and not self._backlog
 
+    @property
+    def remaining_pass_through(self) -> int:
+        """Bytes of the current frame that will pass through untouched, when
+        the splitter is cutting a frame through (else 0: between frames,
+        collecting a frame to rewrite, stalled or failed). The shell may move
+        up to that many bytes to the client itself, then call :meth:`skip`."""
+        if self._state != _PASS or self._error is not None or self._stalled is not None or self._backlog:
+            return 0
+        return self._remaining
+
+    def skip(self, n: int) -> None:
+        """Advance as if ``n`` pass-through bytes had been fed (and the
+        returned segments written): the shell forwarded them itself (splice)."""
+        if not 0 <= n <= self.remaining_pass_through:
+            raise ValueError(f"cannot skip {n} bytes: {self.remaining_pass_through} pass-through bytes remain")
+        self._remaining -= n
+        if self._remaining == 0:
+            self._state = _HEAD
+
     def feed(self, data: Buffer) -> list[Buffer]:
         if self._error is not None:
             raise self._error

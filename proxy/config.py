@@ -25,6 +25,7 @@ section (Raft) is optional. Every error names the offending field::
     high_water_bytes = 1048576           # pause the other side above this
     connect_timeout_s = 5.0
     fetch_max_version = 15               # >= 16 rewrites KIP-951 node_endpoints (buffers Fetch)
+    splice_min_bytes = 65536             # splice(2) pass-through response bodies this large; 0: never
 
     [logging]
     level = "INFO"
@@ -95,6 +96,12 @@ class NodeConfig:
 # Measured in BENCHMARKS.md; set 18 (or higher) to rewrite instead.
 DEFAULT_FETCH_MAX_VERSION = 15
 
+# The rest of a pass-through response frame (a Fetch response, mostly) at least
+# this large is moved broker socket -> pipe -> client socket with splice(2),
+# never entering user space (proxy/splice.py; measured in BENCHMARKS.md).
+# Below it, the few syscalls a splice costs more than the copy saves. 0 disables.
+DEFAULT_SPLICE_MIN_BYTES = 64 << 10
+
 
 @attrs.frozen
 class Limits:
@@ -102,6 +109,7 @@ class Limits:
     high_water_bytes: int = 1 << 20
     connect_timeout_s: float = 5.0
     fetch_max_version: int = DEFAULT_FETCH_MAX_VERSION
+    splice_min_bytes: int = DEFAULT_SPLICE_MIN_BYTES
 
 
 @attrs.frozen
@@ -302,7 +310,11 @@ def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, sourc
         connect_timeout_s=_get(limits_raw, "connect_timeout_s", "limits.connect_timeout_s", float, 5.0),
         fetch_max_version=_get(limits_raw, "fetch_max_version", "limits.fetch_max_version", int,
                                DEFAULT_FETCH_MAX_VERSION),
+        splice_min_bytes=_get(limits_raw, "splice_min_bytes", "limits.splice_min_bytes", int,
+                              DEFAULT_SPLICE_MIN_BYTES),
     )
+    if limits.splice_min_bytes != 0 and not 4096 <= limits.splice_min_bytes <= 1 << 30:
+        raise ConfigError("limits.splice_min_bytes", "must be 0 (never splice) or between 4 KiB and 1 GiB")
     if not 4 <= limits.fetch_max_version <= 100:
         raise ConfigError("limits.fetch_max_version", "must be between 4 (Kafka 4's oldest Fetch) and 100")
     if not 1024 <= limits.max_frame_bytes <= 1 << 30:

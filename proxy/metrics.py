@@ -24,6 +24,8 @@ class ProxyMetrics:
     """Hot-path tallies (written from the event loop thread, read at scrape time):
 
     * ``bytes_to_broker`` / ``bytes_to_client``: ints, ``+=`` per read;
+    * ``spliced_bytes``: the part of ``bytes_to_client`` moved with splice(2)
+      (proxy.splice), never read into the process;
     * ``request_counts``: api_key -> requests, see :meth:`count_requests`.
     """
 
@@ -46,6 +48,7 @@ class ProxyMetrics:
         self.created = time.time()
         self.bytes_to_broker = 0
         self.bytes_to_client = 0
+        self.spliced_bytes = 0
         self.request_counts: dict[int, int] = {}
         self.request_created: dict[int, float] = {}
         self.registry.register(_HotCollector(self))
@@ -77,7 +80,7 @@ class ProxyMetrics:
 
 
 class _HotCollector(Collector):
-    """``kproxy_requests`` and ``kproxy_bytes``, from the node's plain counters
+    """``kproxy_requests``, ``kproxy_bytes`` and ``kproxy_spliced_bytes``, from the node's plain counters
     (same names, labels and ``_created`` samples as prometheus_client Counters)."""
 
     def __init__(self, metrics: ProxyMetrics) -> None:
@@ -96,6 +99,10 @@ class _HotCollector(Collector):
         forwarded.add_metric([node, "client_to_broker"], m.bytes_to_broker, created=m.created)
         forwarded.add_metric([node, "broker_to_client"], m.bytes_to_client, created=m.created)
         yield forwarded
+        spliced = CounterMetricFamily("kproxy_spliced_bytes", "Bytes to clients moved with splice(2), a part of"
+                                      " kproxy_bytes{direction=broker_to_client}", labels=["node"])
+        spliced.add_metric([node], m.spliced_bytes, created=m.created)
+        yield spliced
 
 
 class _TallyCollector(Collector):

@@ -39,6 +39,8 @@ from proxy.config import Config, HostPort, NodeConfig
 from proxy.errors import ProtocolError, RewriteError, UnknownBroker
 from proxy.metrics import ProxyMetrics
 from proxy.rewrite import BrokerAddress, ResponseRewriter
+from proxy.splice import AVAILABLE as SPLICE_AVAILABLE
+from proxy.splice import Splice
 from proxy.upstream import DiscoveryError, UpstreamBroker, discover
 
 log = logging.getLogger("kproxy.proxy")
@@ -90,7 +92,7 @@ class _Pair:
     """One client connection and its upstream connection."""
 
     __slots__ = ("node", "listener", "client", "upstream", "codec", "closed", "draining", "peer", "upstream_addr",
-                 "_pending", "tap")
+                 "_pending", "tap", "splice")
     _ids = itertools.count()
 
     def __init__(self, node: "ProxyNode", listener: int) -> None:
@@ -105,6 +107,7 @@ class _Pair:
         self.upstream_addr: HostPort | None = None
         self._pending: list[bytes] = []  # copies: read buffers are reused
         self.tap = None
+        self.splice: Splice | None = None  # a response body being spliced to the client (proxy.splice)
         if node.config.tap_dir:
             path = f"{node.config.tap_dir}/{node.local.id}-{os.getpid()}-{next(self._ids)}.bin"
             self.tap = open(path, "wb")
@@ -114,6 +117,9 @@ class _Pair:
             return
         self.closed = True
         log.log(level, "closing connection", extra={"peer": self.peer, "listener": self.listener, "reason": reason})
+        if self.splice is not None:  # before the transports: it holds dup'ed fds of both sockets
+            self.splice.cancel()
+            self.splice = None
         for t in (self.client, self.upstream):
             if t is not None and not t.is_closing():
                 t.close()  # flushes what is buffered, then FIN
@@ -197,12 +203,16 @@ class ClientSide(asyncio.BufferedProtocol):
 
 
 class UpstreamSide(asyncio.BufferedProtocol):
-    """Broker -> client. Reads into the loop's shared buffer (proxy.buffers)."""
+    """Broker -> client. Reads into the loop's shared buffer (proxy.buffers);
+    the rest of a large pass-through frame is spliced instead (proxy.splice)."""
 
     def __init__(self, pair: _Pair) -> None:
         self.pair = pair
         self._buffers: ReadBuffers = read_buffers()
         self._view: memoryview = self._buffers.view
+        # The tap records what is written to the client: with it, never splice.
+        limit = pair.node.config.limits.splice_min_bytes
+        self._splice_min = limit if SPLICE_AVAILABLE and pair.tap is None else 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.set_write_buffer_limits(high=self.pair.node.config.limits.high_water_bytes)
@@ -244,8 +254,52 @@ class UpstreamSide(asyncio.BufferedProtocol):
             assert pair.upstream is not None
             pair.upstream.pause_reading()
             node._spawn(node._unstall(pair, stalled))
+        elif (self._splice_min and responses.remaining_pass_through >= self._splice_min and client is not None
+              and not client.get_write_buffer_size() and not pair.closed):
+            # Everything written to the client so far is in the kernel: the
+            # rest of this frame's body may go around user space.
+            self._splice(client, responses.remaining_pass_through)
         elif pair.draining:
             node._maybe_finish_drain(pair)
+
+    def _splice(self, client: asyncio.Transport, count: int) -> None:
+        pair = self.pair
+        upstream = pair.upstream
+        if upstream is None or upstream.is_closing() or client.is_closing():
+            return
+        try:
+            job = Splice(asyncio.get_running_loop(), upstream.get_extra_info("socket").fileno(),
+                         client.get_extra_info("socket").fileno(), count,
+                         on_read=self._spliced, on_done=self._splice_done, on_error=self._splice_failed)
+        except OSError as exc:  # out of fds, most likely: copy as usual
+            log.warning("cannot splice, copying", extra={"peer": pair.peer, "listener": pair.listener,
+                                                          "reason": str(exc)})
+            return
+        upstream.pause_reading()  # nothing else is read (nor written to the client) until it is done
+        pair.splice = job
+        job.start()
+
+    def _spliced(self, n: int) -> None:
+        metrics = self.pair.node.metrics
+        metrics.bytes_to_client += n
+        metrics.spliced_bytes += n
+
+    def _splice_done(self) -> None:
+        pair = self.pair
+        job = pair.splice
+        assert job is not None
+        pair.splice = None
+        pair.codec.responses.skip(job.count)
+        if pair.closed:
+            return
+        if pair.upstream is not None:
+            pair.upstream.resume_reading()
+        if pair.draining:
+            pair.node._maybe_finish_drain(pair)
+
+    def _splice_failed(self, reason: str) -> None:
+        self.pair.splice = None
+        self.pair.abort(reason)
 
     def eof_received(self) -> bool | None:
         return False

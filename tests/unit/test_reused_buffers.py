@@ -222,7 +222,8 @@ def test_upstream_side_never_overwrites_bytes_a_transport_holds(send_per_write: 
         stream, expected, pending = stream + more[0], expected + more[1], pending + more[2]
     node = types.SimpleNamespace(
         rewriter=ResponseRewriter(proxy_address),
-        config=types.SimpleNamespace(limits=types.SimpleNamespace(max_frame_bytes=1 << 20), tap_dir=None),
+        config=types.SimpleNamespace(limits=types.SimpleNamespace(max_frame_bytes=1 << 20, splice_min_bytes=0),
+                                     tap_dir=None),  # the copy path: no splice (tests/unit/test_splice.py)
         local=types.SimpleNamespace(id="p1"), metrics=ProxyMetrics("p1"), _pairs=set())
     pair = server._Pair(node, 1)  # type: ignore[arg-type]
     for correlation_id, api_key, api_version in pending:

@@ -20,6 +20,11 @@ shared and noisy, so only ratios measured in one run mean anything):
 * added produce latency (p50/p99 of ProducerPerformance at a fixed, modest
   rate, proxied minus direct);
 * the cost of rewriting a Metadata response at 100 … 50,000 partitions.
+
+With ``compare_splice``, a second proxy process with splice(2) off
+(``limits.splice_min_bytes = 0``; same address, other ports) joins the fetch
+phases as a third arm, alternating with the first (proxy.splice): fetch
+throughput and CPU per GB with and without splice, from one run.
 """
 
 from __future__ import annotations
@@ -93,6 +98,12 @@ class _ProxyMeter:
         return t.user + t.system, forwarded
 
 
+def _spliced_bytes(node: NodeProcess) -> float:
+    text = node.get("/metrics").text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("kproxy_spliced_bytes_total"))
+
+
 class _Phases:
     """Proxy CPU and bytes forwarded, summed per phase over the proxied runs;
     what the proxy spent while direct runs went on is kept apart (idle)."""
@@ -144,9 +155,25 @@ def _alternate(rounds: int, direct: Callable[[], dict], proxied: Callable[[], di
     return d, p
 
 
+def _alternate3(rounds: int, direct: Callable[[], dict], proxied: Callable[[], dict],
+                other: Callable[[], dict]) -> tuple[list, list, list]:
+    """direct, then the two proxies in turn (which goes first swaps every round)."""
+    d, p, o = [], [], []
+    for i in range(rounds):
+        d.append(direct())
+        if i % 2:
+            o.append(other())
+            p.append(proxied())
+        else:
+            p.append(proxied())
+            o.append(other())
+    return d, p, o
+
+
 def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2, fetch_rounds: int | None = None,
         partitions: tuple[int, ...] = (100, 1000, 10_000, 50_000), progress: Callable[[str], None] = print,
-        proxy_ip: str = "127.0.0.31", fetch_max_version: int | None = None) -> dict[str, Any]:
+        proxy_ip: str = "127.0.0.31", fetch_max_version: int | None = None, splice_min_bytes: int | None = None,
+        compare_splice: bool = False) -> dict[str, Any]:
     from proxy.bench_rewrite import bench_metadata_rewrite
 
     fetch_rounds = fetch_rounds or 2 * rounds
@@ -159,18 +186,32 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
             progress("starting a local 3-broker Kafka")
             cluster = KafkaCluster(Path(tmp) / "kafka", 3, base_port=base).start()
             bootstrap = cluster.bootstrap_servers
+        nosplice = None
         try:
-            cfg = fleet_config(Path(tmp) / "fleet.toml", bootstrap.split(","), 1, first_ip=int(proxy_ip.split(".")[-1]),
-                               fleet=False, log_format="json",
-                               extra={"limits": {"fetch_max_version": fetch_max_version}} if fetch_max_version else None)
+            limits: dict[str, int] = {}
+            if fetch_max_version:
+                limits["fetch_max_version"] = fetch_max_version
+            if splice_min_bytes is not None:
+                limits["splice_min_bytes"] = splice_min_bytes
+            first_ip = int(proxy_ip.split(".")[-1])
+            cfg = fleet_config(Path(tmp) / "fleet.toml", bootstrap.split(","), 1, first_ip=first_ip,
+                               fleet=False, log_format="json", extra={"limits": limits} if limits else None)
             node = NodeProcess(cfg, "p1", proxy_ip, 9400, Path(tmp) / "p1.log").start()
             node.wait_ready(60)
             proxied_bs = f"{proxy_ip}:9092"
             phases = _Phases(_ProxyMeter(node))
+            if compare_splice:  # the same proxy without splice, on other ports of the same address
+                cfg2 = fleet_config(Path(tmp) / "nosplice.toml", bootstrap.split(","), 1, first_ip=first_ip,
+                                    fleet=False, log_format="json", bootstrap_port=9093, port_base=9600,
+                                    admin_port=9401, extra={"limits": {**limits, "splice_min_bytes": 0}})
+                nosplice = NodeProcess(cfg2, "p1", proxy_ip, 9401, Path(tmp) / "p1-nosplice.log").start()
+                nosplice.wait_ready(60)
+                nosplice_phases = _Phases(_ProxyMeter(nosplice))
             results: dict[str, Any] = {"records": records, "record_bytes": 1024, "rounds": rounds,
                                        "fetch_rounds": fetch_rounds,
                                        "fetch_records_per_run": 2 * records * rounds,
-                                       "fetch_max_version": fetch_max_version or "default"}
+                                       "fetch_max_version": fetch_max_version or "default",
+                                       "splice_min_bytes": "default" if splice_min_bytes is None else splice_min_bytes}
             for name, short, props in (("small_batches", "small", {}),
                                        ("1mb_batches", "1mb", {"batch.size": 1 << 20, "linger.ms": 20,
                                                                "max.request.size": 2 << 20})):
@@ -192,11 +233,17 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
                 # Both ways read both topics: the same bytes, twice the data of one topic per run.
                 include = f"bench-{name}-(direct|proxy)-{suffix}"
                 total = 2 * records * rounds
-                d, p = _alternate(
-                    fetch_rounds,
-                    lambda: phases.direct(lambda: consumer_perf(bootstrap, "", total, include=include)),
-                    lambda: phases.proxied(f"fetch_{short}", lambda: consumer_perf(proxied_bs, "", total,
-                                                                                   include=include)))
+                direct_fetch = lambda: phases.direct(  # noqa: E731
+                    lambda: consumer_perf(bootstrap, "", total, include=include))
+                proxied_fetch = lambda: phases.proxied(  # noqa: E731
+                    f"fetch_{short}", lambda: consumer_perf(proxied_bs, "", total, include=include))
+                if nosplice is None:
+                    d, p = _alternate(fetch_rounds, direct_fetch, proxied_fetch)
+                else:
+                    d, p, o = _alternate3(fetch_rounds, direct_fetch, proxied_fetch,
+                                          lambda: nosplice_phases.proxied(f"fetch_{short}", lambda: consumer_perf(
+                                              f"{proxy_ip}:9093", "", total, include=include)))
+                    results[f"fetch_{name}_nosplice"] = {"proxy_mb_s": [r["mb_per_s"] for r in o]}
                 results[f"fetch_{name}"] = {"direct_mb_s": [r["mb_per_s"] for r in d],
                                             "proxy_mb_s": [r["mb_per_s"] for r in p]}
             progress("produce latency at 2,000 records/s")
@@ -205,8 +252,13 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
                        "--topic", lat_topic, "--partitions", "6", "--replication-factor", "3")
             d, p = _alternate(rounds, lambda: producer_perf(bootstrap, lat_topic, 20_000, 1024, throughput=2000),
                               lambda: producer_perf(proxied_bs, lat_topic, 20_000, 1024, throughput=2000))
+            results["spliced_gb"] = round(_spliced_bytes(node) / 1e9, 3)
             node.stop()
+            if nosplice is not None:
+                nosplice.stop()
         finally:
+            if nosplice is not None and nosplice.alive():
+                nosplice.stop()
             if cluster is not None:
                 cluster.stop()
 
@@ -229,6 +281,26 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
         "metadata_rewrite_us": {str(k): round(v, 1) for k, v in rewrite_us.items()},
         "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
     })
+    if nosplice is not None:
+        # Produce is never spliced (requests are copied; its responses are small): the overall figure
+        # without splice takes the produce phases of the main proxy and the fetch phases of the other.
+        without = nosplice_phases.report()
+        fetch_cpu = {k: v for k, v in phases.cpu.items() if k.startswith("fetch_")}
+        fetch_gb = {k: v for k, v in phases.bytes.items() if k.startswith("fetch_")}
+        cpu_no = sum(v for k, v in phases.cpu.items() if not k.startswith("fetch_")) + sum(nosplice_phases.cpu.values())
+        gb_no = sum(v for k, v in phases.bytes.items() if not k.startswith("fetch_")) + \
+            sum(nosplice_phases.bytes.values())
+        results["nosplice"] = {
+            "fetch_ratio_by_batching": {
+                k: round(statistics.median(results[f"fetch_{k}_nosplice"]["proxy_mb_s"])
+                         / statistics.median(results[f"fetch_{k}"]["direct_mb_s"]), 3)
+                for k in ("small_batches", "1mb_batches")},
+            "proxy_cpu_s_per_gb_by_phase": without["proxy_cpu_s_per_gb_by_phase"],
+            "proxy_cpu_by_phase": without["proxy_cpu_by_phase"],
+            "proxy_cpu_s_per_gb": round(cpu_no / max(gb_no / 1e9, 1e-9), 3),
+            "splice_fetch_cpu_s_per_gb": round(sum(fetch_cpu.values()) / max(sum(fetch_gb.values()) / 1e9, 1e-9), 3),
+            "nosplice_fetch_cpu_s_per_gb": without["proxy_cpu_s_per_gb"],
+        }
     results["latency_added_ms"] = {q: round(results["latency_proxy_ms"][q] - results["latency_direct_ms"][q], 2)
                                    for q in ("p50", "p99")}
     results["targets"] = {

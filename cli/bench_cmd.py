@@ -19,21 +19,27 @@ def bench() -> None:
 @click.option("--rounds", type=click.IntRange(1, 10), default=2, show_default=True)
 @click.option("--fetch-max-version", type=click.IntRange(4, 100), default=None,
               help="Proxy's Fetch cap (default: the proxy default, 15; 18 rewrites KIP-951 node_endpoints).")
+@click.option("--splice-min-bytes", type=click.IntRange(0, 1 << 30), default=None,
+              help="Proxy's limits.splice_min_bytes (default: the proxy default; 0: never splice).")
+@click.option("--compare-splice", is_flag=True,
+              help="Fetch phases also through a second proxy with splice off (third arm, alternating).")
 @click.option("--json", "as_json", is_flag=True)
 def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_max_version: int | None,
-                as_json: bool) -> None:
+                splice_min_bytes: int | None, compare_splice: bool, as_json: bool) -> None:
     """Throughput, CPU/GB, added latency and Metadata rewrite cost: proxy vs direct."""
     from chaos.bench_proxy import run
 
     console = Console(stderr=True)
     results = run(bootstrap, records=records, rounds=rounds, fetch_max_version=fetch_max_version,
+                  splice_min_bytes=splice_min_bytes, compare_splice=compare_splice,
                   progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
     if as_json:
         click.echo(json.dumps(results, indent=2))
         return
     for key in ("produce_ratio", "fetch_ratio", "proxy_cpu_s_per_gb", "latency_added_ms", "metadata_rewrite_us",
-                "targets"):
-        click.echo(f"{key}: {results[key]}")
+                "targets", "spliced_gb", "nosplice"):
+        if key in results:
+            click.echo(f"{key}: {results[key]}")
 
 
 @bench.command("failover")

@@ -43,6 +43,9 @@ class ProxyMetrics:
                                        labels, registry=self.registry)
         self.drained = Counter("kproxy_connections_drained", "Client connections closed to move them", labels,
                                registry=self.registry)
+        self.drain_deferred = Counter("kproxy_drain_close_deferred",
+                                      "Drain closes put off because a client request was still unread",
+                                      labels, registry=self.registry).labels(node_id)
         self.active = self.connections_active.labels(node_id)
         # Hot path: plain ints and a dict, exported by _HotCollector.
         self.created = time.time()

@@ -111,3 +111,53 @@ def test_drain_closes_each_connection_at_its_first_idle_moment(kafka_cluster, to
     # The long poll was answered by the broker (not cut short), then the connection closed right after.
     assert r["answered_s"] >= proxy_server.DRAIN_IDLE_GRACE_S, r
     assert r["busy_closed"] and r["closed_s"] - r["answered_s"] < 0.5, r
+
+
+def test_drain_never_closes_over_an_unread_request(kafka_cluster, topic_name):
+    """The connection looks idle (nothing in flight) but the client's next request already sits,
+    unread, in the proxy's socket. Closing then would lose it (and reset the connection: close()
+    with unread bytes sends RST); the drain reads it, delivers its response, and closes after."""
+    kafka_cluster.create_topic(topic_name, 1, 3)
+    from confluent_kafka.admin import AdminClient
+
+    md = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap_servers}).list_topics(topic_name, timeout=10)
+    leader = md.topics[topic_name].partitions[0].leader
+    config = parse({"upstream": {"bootstrap": kafka_cluster.bootstrap}, "ports": {"base": 9100},
+                    "nodes": [{"id": "p1", "host": HOST, "bootstrap_port": 9092}],
+                    "logging": {"level": "WARNING"}})
+
+    async def scenario() -> dict[str, object]:
+        node = ProxyNode(config, "p1")
+        await node.start()
+        try:
+            r, w = await asyncio.open_connection(HOST, config.broker_port(leader))
+            w.write(request_frame(make(ApiVersionsRequest), 1))
+            await _read_frame(r, 10)
+            (pair,) = [p for p in node._pairs if p.listener == leader]
+            w.write(request_frame(make(ApiVersionsRequest), 2))
+            # Without yielding to the loop (so the proxy cannot read it): wait, bounded, until the
+            # request is in the proxy's socket; blocking the loop here is the point.
+            deadline = time.monotonic() + 2
+            while not proxy_server.unread_bytes(pair.client) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            unread = proxy_server.unread_bytes(pair.client)
+            idle = pair.codec.idle
+            node.identities_moved({leader})
+            try:
+                frame = await _read_frame(r, 5)
+            except (ConnectionError, asyncio.IncompleteReadError) as exc:  # the request was lost
+                cid: object = repr(exc)
+                closed = True
+            else:
+                cid = struct.unpack(">i", frame[4:8])[0]
+                closed = await _eof_within(r, 2)
+            w.close()
+            return {"unread": unread, "idle": idle, "cid": cid, "closed": closed,
+                    "deferred": node.metrics.drain_deferred._value.get()}
+        finally:
+            await node.stop()
+
+    result = uvloop.run(scenario())
+    assert result["unread"] > 0 and result["idle"], result  # the situation under test
+    assert result["cid"] == 2, result  # answered, not lost
+    assert result["closed"] and result["deferred"] >= 1, result

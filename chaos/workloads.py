@@ -368,7 +368,7 @@ def _produce_confluent(a: argparse.Namespace, t: ProducerTrace, stop: Stop) -> N
         t.error(f"client: {err}")
 
     producer = Producer({"bootstrap.servers": a.bootstrap, "client.id": a.client_id, "error_cb": on_error,
-                         **SETTINGS["confluent"]["producer"]})
+                         **SETTINGS["confluent"]["producer"], **_rdkafka_debug()})
     pacer = Pacer(a.rate)
 
     def on_delivery(seq: int, err: Any, msg: Any) -> None:
@@ -537,6 +537,12 @@ def _consume_aiokafka(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> No
     asyncio.run(run())
 
 
+def _rdkafka_debug() -> dict[str, Any]:
+    """librdkafka's own debug contexts (e.g. ``broker,fetch``) from KPROXY_RDKAFKA_DEBUG, for a diagnosis."""
+    contexts = os.environ.get("KPROXY_RDKAFKA_DEBUG", "")
+    return {"debug": contexts, "log_level": 7} if contexts else {}
+
+
 def confluent_rebalancing(exc: BaseException) -> bool:
     """A librdkafka commit error that only a poll cures (see :class:`CommitRetry`)."""
     from confluent_kafka import KafkaError, KafkaException
@@ -553,7 +559,7 @@ def _consume_confluent(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> N
         t.error(f"client: {err}")
 
     consumer = Consumer({"bootstrap.servers": a.bootstrap, "group.id": a.group, "client.id": a.client_id,
-                         "error_cb": on_error, **SETTINGS["confluent"]["consumer"]})
+                         "error_cb": on_error, **SETTINGS["confluent"]["consumer"], **_rdkafka_debug()})
     consumer.subscribe([a.topic])
     try:
         while not stop.requested():

@@ -34,6 +34,11 @@ drain              graceful drain of a random proxy through the admin API;
                    undrain afterwards
 rolling-restart    every proxy in turn: drain, SIGTERM (SIGKILL after
                    ``stop_timeout_s``), restart, undrain, wait healthy
+none               the control (not in ``FAULTS``): a ``fault`` event naming a
+                   random live proxy and nothing else, then as long as a drain
+                   takes; the same measures over the same kind of window give
+                   the clients' own gaps under the same load (the baseline a
+                   drain's disruption is compared with)
 =================  ==========================================================
 
 ``FleetWatcher`` polls the Raft leader's ``/status`` (``fleet.status(node)``)
@@ -68,6 +73,8 @@ import trio
 from chaos.trace import TraceWriter
 
 FAULTS = ("kill", "freeze", "partition", "leader-kill", "broker-kill", "drain", "rolling-restart")
+CONTROLS = ("none",)  # no fault: a baseline
+CONTROL_HOLD_S = 0.3  # "none": about as long as a drain, its undrain and the health check take
 FLEET_FAULTS = frozenset(FAULTS) - {"broker-kill"}
 
 POLL_PERIOD_S = 0.05
@@ -399,8 +406,10 @@ class FaultContext:
 
 def check(fault: str, *, fleet: Any | None, kafka: Any | None) -> None:
     """Raise ``FaultUnavailable`` if ``fault`` cannot run against this target."""
-    if fault not in FAULTS:
-        raise ValueError(f"unknown fault {fault!r} (one of {', '.join(FAULTS)})")
+    if fault not in FAULTS + CONTROLS:
+        raise ValueError(f"unknown fault {fault!r} (one of {', '.join(FAULTS + CONTROLS)})")
+    if fault in CONTROLS and fleet is None:
+        raise FaultUnavailable(f"{fault} needs a proxy fleet (it names a proxy)")
     if fault in FLEET_FAULTS and fleet is None:
         raise FaultUnavailable(f"{fault} needs a proxy fleet")
     if fault == "broker-kill" and kafka is None:
@@ -579,6 +588,18 @@ async def rolling_restart(ctx: FaultContext) -> None:
         step["steady"] = await ctx.wait_recovered(step["back_ts_ns"])
 
 
+async def control(ctx: FaultContext) -> None:
+    """No fault at all: the baseline for the same measures (see the module docstring)."""
+    assert ctx.fleet is not None
+    victim = ctx.rng.choice(await ctx.live_nodes())
+    ts = time.time_ns()
+    step = ctx.mark_fault(victim, ts)
+    step["recovered"] = await ctx.wait_recovered(ts)
+    await trio.sleep(max(0.0, CONTROL_HOLD_S - (time.time_ns() - ts) / 1e9))
+    ctx.mark_back(step)
+    await ctx.wait_healthy()
+
+
 async def _wait_dead(ctx: FaultContext, node: str) -> bool:
     if ctx.watcher is None:
         return True
@@ -593,4 +614,5 @@ INJECT: dict[str, Callable[[FaultContext], Awaitable[None]]] = {
     "broker-kill": broker_kill,
     "drain": drain,
     "rolling-restart": rolling_restart,
+    "none": control,
 }

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from chaos.faults import FAULTS
+from chaos.faults import CONTROLS, FAULTS
 from chaos.workloads import FAMILIES
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
@@ -118,7 +118,8 @@ def _print_summary(result: dict[str, Any]) -> None:
 
 
 @drill.command()
-@click.option("--fault", type=click.Choice(FAULTS), required=True, help="The fault to inject.")
+@click.option("--fault", type=click.Choice(FAULTS + CONTROLS), required=True,
+              help="The fault to inject (none: no fault, the baseline).")
 @click.option("--repeat", type=click.IntRange(1, 100), default=1, show_default=True, help="Drills in a row.")
 @click.option("--clients", default=",".join(FAMILIES), show_default=True, callback=_clients,
               help="Client families (one producer and one consumer each), or family:role items.")

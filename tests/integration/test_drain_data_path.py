@@ -53,15 +53,20 @@ def _long_poll(topic: str, correlation_id: int) -> bytes:
     return request_frame(body, correlation_id)
 
 
-def test_drain_closes_each_connection_at_its_first_idle_moment(kafka_cluster, topic_name):
+def _node_config_and_leader(kafka_cluster, topic_name: str):  # type: ignore[no-untyped-def]
+    """A one-partition topic; the config of a lone node on HOST; the partition's leader."""
     kafka_cluster.create_topic(topic_name, 1, 3)
     from confluent_kafka.admin import AdminClient
 
     md = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap_servers}).list_topics(topic_name, timeout=10)
-    leader = md.topics[topic_name].partitions[0].leader
     config = parse({"upstream": {"bootstrap": kafka_cluster.bootstrap}, "ports": {"base": 9100},
                     "nodes": [{"id": "p1", "host": HOST, "bootstrap_port": 9092}],
                     "logging": {"level": "WARNING"}})
+    return config, md.topics[topic_name].partitions[0].leader
+
+
+def test_drain_closes_each_connection_at_its_first_idle_moment(kafka_cluster, topic_name):
+    config, leader = _node_config_and_leader(kafka_cluster, topic_name)
     api_versions = request_frame(make(ApiVersionsRequest), 7)
 
     async def scenario() -> dict[str, float | bool | int]:
@@ -117,14 +122,7 @@ def test_drain_never_closes_over_an_unread_request(kafka_cluster, topic_name):
     """The connection looks idle (nothing in flight) but the client's next request already sits,
     unread, in the proxy's socket. Closing then would lose it (and reset the connection: close()
     with unread bytes sends RST); the drain reads it, delivers its response, and closes after."""
-    kafka_cluster.create_topic(topic_name, 1, 3)
-    from confluent_kafka.admin import AdminClient
-
-    md = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap_servers}).list_topics(topic_name, timeout=10)
-    leader = md.topics[topic_name].partitions[0].leader
-    config = parse({"upstream": {"bootstrap": kafka_cluster.bootstrap}, "ports": {"base": 9100},
-                    "nodes": [{"id": "p1", "host": HOST, "bootstrap_port": 9092}],
-                    "logging": {"level": "WARNING"}})
+    config, leader = _node_config_and_leader(kafka_cluster, topic_name)
 
     async def scenario() -> dict[str, object]:
         node = ProxyNode(config, "p1")

@@ -58,6 +58,17 @@ DRAIN_IDLE_GRACE_S = 0.25
 # draining it.
 DRAIN_LISTENER_LINGER_S = 1.0
 DRAIN_NEW_CONNECTION_S = 0.1
+# A connection that carried group-coordinator requests is drained this much
+# later than the others. Its close makes the client look the coordinator up
+# again (FindCoordinator on another of its connections); librdkafka drops a
+# connection itself once Metadata shows its broker at a new address, failing
+# what was in flight there, and a failed lookup is retried only at its 1 s
+# coordinator-query interval (measured: 0.9-1 s without deliveries). Moved
+# last, the lookup goes out after the client has followed the new map.
+DRAIN_COORDINATOR_DELAY_S = 0.2
+# OffsetCommit, OffsetFetch, JoinGroup, Heartbeat, LeaveGroup, SyncGroup,
+# TxnOffsetCommit, ConsumerGroupHeartbeat, ShareGroupHeartbeat.
+GROUP_API_KEYS = frozenset({8, 9, 11, 12, 13, 14, 28, 68, 76})
 
 
 class AddressBook:
@@ -107,7 +118,7 @@ class _Pair:
     """One client connection and its upstream connection."""
 
     __slots__ = ("node", "listener", "client", "upstream", "codec", "closed", "draining", "peer", "upstream_addr",
-                 "_pending", "tap", "splice")
+                 "_pending", "tap", "splice", "group", "drain_due")
     _ids = itertools.count()
 
     def __init__(self, node: "ProxyNode", listener: int) -> None:
@@ -118,6 +129,8 @@ class _Pair:
         self.codec = ConnectionCodec(node.rewriter, max_frame_size=node.config.limits.max_frame_bytes)
         self.closed = False
         self.draining = False
+        self.group = False  # it carried group-coordinator requests (GROUP_API_KEYS)
+        self.drain_due = False  # a drain put off by DRAIN_COORDINATOR_DELAY_S is pending
         self.peer = "?"
         self.upstream_addr: HostPort | None = None
         self._pending: list[bytes] = []  # copies: read buffers are reused
@@ -193,6 +206,8 @@ class ClientSide(asyncio.BufferedProtocol):
         metrics = self.node.metrics
         if headers:
             metrics.count_requests(headers)
+            if not pair.group:
+                pair.group = any(h.api_key in GROUP_API_KEYS for h in headers)
         metrics.bytes_to_broker += nbytes
         upstream = pair.upstream
         if upstream is not None:
@@ -656,8 +671,22 @@ class ProxyNode:
         in librdkafka and Java). After ``DRAIN_IDLE_GRACE_S`` without such a
         moment (a client that always has requests in flight), reads stop and the
         in-flight responses are flushed before the close."""
-        if pair.closed or pair.draining:
+        if pair.closed or pair.draining or pair.drain_due:
             return
+        if pair.group:
+            pair.drain_due = True
+            asyncio.get_running_loop().call_later(DRAIN_COORDINATOR_DELAY_S, self._start_group_drain, pair)
+            return
+        self._begin_drain(pair)
+
+    def _start_group_drain(self, pair: _Pair) -> None:
+        pair.drain_due = False
+        # Still to move? An undrain, or the identity coming back, meanwhile keeps it.
+        if not pair.closed and not pair.draining and (
+                self.draining or (pair.listener != BOOTSTRAP and self.book.owners.get(pair.listener) != self.local.id)):
+            self._begin_drain(pair)
+
+    def _begin_drain(self, pair: _Pair) -> None:
         pair.draining = True
         self.metrics.drained.labels(self.local.id).inc()
         self._maybe_finish_drain(pair)

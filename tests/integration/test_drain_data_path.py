@@ -17,6 +17,7 @@ import uvloop
 from kio.schema.api_versions.v0.request import ApiVersionsRequest
 from kio.schema.fetch.v12.request import FetchPartition, FetchRequest, FetchTopic
 from kio.schema.fetch.v12.response import FetchResponse
+from kio.schema.heartbeat.v4.request import HeartbeatRequest
 from kio.static.primitive import i32Timedelta
 
 from proxy import server as proxy_server
@@ -159,3 +160,62 @@ def test_drain_never_closes_over_an_unread_request(kafka_cluster, topic_name):
     assert result["unread"] > 0 and result["idle"], result  # the situation under test
     assert result["cid"] == 2, result  # answered, not lost
     assert result["closed"] and result["deferred"] >= 1, result
+
+
+def test_group_coordinator_connections_move_last(kafka_cluster, topic_name):
+    """A connection that carried group-coordinator requests is drained DRAIN_COORDINATOR_DELAY_S
+    after the others (its close sends the client looking for the coordinator, which should
+    happen once the client follows the new map), and not at all if the identity comes back
+    meanwhile."""
+    config, leader = _node_config_and_leader(kafka_cluster, topic_name)
+    api_versions = request_frame(make(ApiVersionsRequest), 1)
+    heartbeat = request_frame(make(HeartbeatRequest, group_id="kproxy-test-nogroup", generation_id=-1,
+                                   member_id="nobody"), 2)
+
+    async def scenario() -> dict[str, object]:
+        node = ProxyNode(config, "p1")
+        await node.start()
+        try:
+            port = config.broker_port(leader)
+            conns = {}
+            for name, frames in (("plain", [api_versions]), ("group", [api_versions, heartbeat])):
+                r, w = await asyncio.open_connection(HOST, port)
+                for frame in frames:
+                    w.write(frame)
+                    await _read_frame(r, 10)  # the broker answers the heartbeat with an error: fine
+                conns[name] = (r, w)
+            by_port = {p.client.get_extra_info("peername")[1]: p for p in node._pairs}
+            pair = {name: by_port[w.get_extra_info("sockname")[1]] for name, (_, w) in conns.items()}
+            out: dict[str, object] = {"flags": {name: p.group for name, p in pair.items()}}
+
+            # 1. The identity moves away and comes back within the delay: the group connection stays.
+            node.book.update(1, {leader: "p2"})
+            node.identities_moved({leader})
+            out["due"] = {name: p.drain_due for name, p in pair.items()}
+            node.book.update(2, {leader: "p1"})
+            out["plain_closed"] = await _eof_within(conns["plain"][0], 0.5)
+            deadline = time.monotonic() + 2
+            while pair["group"].drain_due and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            r, w = conns["group"]
+            w.write(request_frame(make(ApiVersionsRequest), 3))
+            out["stayed_cid"] = struct.unpack(">i", (await _read_frame(r, 5))[4:8])[0]
+            out["stayed_draining"] = pair["group"].draining
+
+            # 2. It moves away for good: the group connection goes, after the delay.
+            node.book.update(3, {leader: "p2"})
+            node.identities_moved({leader})
+            out["open_at_once"] = not pair["group"].closed and pair["group"].drain_due
+            out["group_closed"] = await _eof_within(r, 2)
+            for _, w in conns.values():
+                w.close()
+            return out
+        finally:
+            await node.stop()
+
+    r = uvloop.run(scenario())
+    assert r["flags"] == {"plain": False, "group": True}, r
+    assert r["due"] == {"plain": False, "group": True}, r  # the plain one drains at once, the group one later
+    assert r["plain_closed"], r
+    assert r["stayed_cid"] == 3 and not r["stayed_draining"], r  # its identity came back: it stayed and serves
+    assert r["open_at_once"] and r["group_closed"], r

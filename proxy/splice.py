@@ -26,6 +26,13 @@ Backpressure: at most one pipe's worth is read from the broker before the
 client took it; a client that does not read leaves the rest in the broker
 socket (TCP flow control does the rest), exactly like a paused transport.
 
+Wake-ups: a broker sends a large Fetch response in segments, and waking up
+for each one (a Python callback, a splice or two, an EAGAIN) cost more than the
+bytes moved. While waiting for the broker, the source socket's SO_RCVLOWAT is
+raised to ``min(bytes left, RCVLOWAT_BYTES)``, so the loop wakes when that
+much is there (or at EOF); it is set back to 1 before the transport reads
+again.
+
 Pipes come from a small per-thread (per event loop) pool: a pipe is needed only
 while a splice runs, and an enlarged pipe counts against the user's
 ``fs.pipe-user-pages-soft`` (a pipe per connection would not scale).
@@ -36,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
+import socket
 import threading
 from typing import Callable
 
@@ -48,6 +56,9 @@ F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 # default, 64 KiB, if the request is refused). One splice call moves at most this.
 PIPE_BYTES = 1 << 20
 MAX_IDLE_PIPES = 4
+# Wake up for the broker's bytes in runs of at least this much (SO_RCVLOWAT);
+# well below the socket's receive buffer so that the sender is never stalled.
+RCVLOWAT_BYTES = 256 << 10
 _FLAGS = (os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK) if AVAILABLE else 0
 _READ, _WRITE = 1, 2
 
@@ -87,6 +98,15 @@ class PipePool:
             _close_pipe(self._idle.pop())
 
 
+def _setsockopt_int(fd: int, level: int, option: int, value: int) -> None:
+    """setsockopt on a bare fd (the socket object wraps it without owning it)."""
+    sock = socket.socket(fileno=fd)
+    try:
+        sock.setsockopt(level, option, value)
+    finally:
+        sock.detach()
+
+
 def _close_pipe(pipe: tuple[int, int, int]) -> None:
     os.close(pipe[0])
     os.close(pipe[1])
@@ -121,7 +141,7 @@ class Splice:
     """
 
     __slots__ = ("loop", "count", "_src", "_dst", "_pipe", "_left", "_in_pipe", "_waiting", "_on_read", "_on_done",
-                 "_on_error", "_pool", "active", "calls")
+                 "_on_error", "_pool", "active", "calls", "_lowat", "wakeups")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, src_fd: int, dst_fd: int, count: int, *,
                  on_read: Callable[[int], None], on_done: Callable[[], None],
@@ -137,6 +157,8 @@ class Splice:
         self._in_pipe = 0  # read from src, not yet written to dst
         self._waiting = 0
         self.calls = 0  # splice(2) calls that moved bytes
+        self.wakeups = 0  # readiness callbacks
+        self._lowat = 1  # the source socket's SO_RCVLOWAT as we set it
         self._pool = pool or pipe_pool()
         self._pipe = self._pool.take()
         try:
@@ -208,15 +230,30 @@ class Splice:
                 self._wait(_WRITE if self._in_pipe else _READ)
                 return
 
+    def _wake(self) -> None:
+        self.wakeups += 1
+        self._pump()
+
     def _wait(self, kind: int) -> None:
+        if kind == _READ:
+            self._set_lowat(min(self._left, RCVLOWAT_BYTES))
         if self._waiting == kind:
             return
         self._unwatch()
         if kind == _READ:
-            self.loop.add_reader(self._src, self._pump)
+            self.loop.add_reader(self._src, self._wake)
         else:
-            self.loop.add_writer(self._dst, self._pump)
+            self.loop.add_writer(self._dst, self._wake)
         self._waiting = kind
+
+    def _set_lowat(self, n: int) -> None:
+        n = max(1, n)
+        if n != self._lowat:
+            try:
+                _setsockopt_int(self._src, socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
+                self._lowat = n
+            except OSError:  # not supported: wake up per segment, as before
+                pass
 
     def _unwatch(self) -> None:
         if self._waiting == _READ:
@@ -232,6 +269,7 @@ class Splice:
     def _release(self, *, keep_pipe: bool) -> None:
         self.active = False
         self._unwatch()
+        self._set_lowat(1)  # the transport reads this socket again: wake up for any byte
         os.close(self._src)
         os.close(self._dst)
         if keep_pipe and not self._in_pipe:

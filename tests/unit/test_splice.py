@@ -262,6 +262,48 @@ def test_large_frame_is_spliced_in_order_with_the_frames_around_it(run):
     run(scenario)
 
 
+def _rcvlowat(transport) -> int:  # type: ignore[no-untyped-def]
+    sock = socket.socket(fileno=transport.get_extra_info("socket").fileno())
+    try:
+        return sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT)
+    finally:
+        sock.detach()
+
+
+def test_a_body_in_many_pieces_wakes_the_splice_in_runs_and_lowat_is_reset(run):
+    """SO_RCVLOWAT: the splice waits for runs of RCVLOWAT_BYTES, not for every segment, and the
+    transport, reading again after it, wakes up for any byte (a small frame is not held back)."""
+    from proxy.splice import RCVLOWAT_BYTES
+
+    body = os.urandom(4 << 20)
+    pieces = 128  # 32 KiB each, 5 ms apart
+    stream = frame(1, body)
+
+    async def scenario(recorded):  # type: ignore[no-untyped-def]
+        rig = await Rig(64 << 10, recorded).start()
+        rig.request(1)
+        rig.request(2)
+        sender = asyncio.ensure_future(send_paced(rig.broker, stream, pieces=pieces))
+        got = await recv_exactly(rig.client, len(stream))
+        await sender
+        assert got == stream
+        wakeups = sum(j.wakeups for j in recorded)
+        lowat_after = _rcvlowat(rig.pair.upstream)
+        # A small frame right after must come through at once (lowat back to 1).
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, rig.broker.sendall, frame(2, b"tiny"))
+        tail = await recv_exactly(rig.client, len(frame(2, b"tiny")))
+        rig.close()
+        return wakeups, lowat_after, tail
+
+    wakeups, lowat_after, tail = run(scenario)
+    assert tail == frame(2, b"tiny")
+    assert lowat_after == 1
+    # One wake-up per RCVLOWAT_BYTES run (plus a few: the frame's tail, the client's pace);
+    # per segment it would be about `pieces`.
+    assert wakeups <= (4 << 20) // RCVLOWAT_BYTES + 16 < pieces, wakeups
+
+
 def test_slow_client_makes_the_splice_wait_for_the_client(run):
     body = os.urandom(4 << 20)
     stream = frame(1, body) + frame(2, b"after")

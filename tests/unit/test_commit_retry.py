@@ -92,3 +92,46 @@ def test_confluent_rebalance_codes_give_up():
     retry = CommitRetry(_Trace(), workloads.confluent_rebalancing)  # type: ignore[arg-type]
     assert retry.failed(KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT))) == pytest.approx(0.1)
 
+
+
+def test_stop_aiokafka_survives_its_fetcher_cancelled_error_but_not_ours():
+    import asyncio
+
+    from chaos.workloads import stop_aiokafka
+
+    class Client:
+        def __init__(self) -> None:
+            self.stopped = False
+
+        async def stop(self) -> None:
+            self.stopped = True
+            task = asyncio.ensure_future(asyncio.sleep(10))  # like aiokafka's pending fetch task
+            await asyncio.sleep(0)
+            task.cancel()
+            await task  # raises CancelledError out of stop()
+
+    async def ok() -> bool:
+        client = Client()
+        await stop_aiokafka(client)
+        return client.stopped
+
+    assert asyncio.run(ok())
+
+    async def cancelled_outside() -> str:
+        async def stopper() -> None:
+            class Slow:
+                async def stop(self) -> None:
+                    await asyncio.sleep(10)
+
+            await stop_aiokafka(Slow())
+
+        task = asyncio.ensure_future(stopper())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return "propagated"
+        return "swallowed"
+
+    assert asyncio.run(cancelled_outside()) == "propagated"

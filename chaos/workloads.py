@@ -457,8 +457,10 @@ class CommitRetry:
     group is rebalancing (or this member's generation is gone) never succeeds before the
     consumer polls again, which is what rejoins the group; retrying it in a loop kept
     kafka-python out of its group for the whole 10 s of retries, again and again. Given up,
-    the records since the last commit come again after the rejoin: a consumer group's
-    at-least-once, which the trace counts as re-delivery, not as a duplicate."""
+    the commit is just not made: the next one covers those offsets too (commits are
+    cumulative). Only if the rejoin hands a partition to another member are its records
+    since the last commit read again, which the drill counts as duplicated, as it would
+    after any failed commit."""
 
     __slots__ = ("t", "rebalancing", "deadline", "backoff_s", "attempts")
 

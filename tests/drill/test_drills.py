@@ -130,3 +130,24 @@ def test_drill(fleet, tmp_path, fault, clients):
             for number, line in enumerate(path.read_text().splitlines(), 1):
                 assert check(line) is None, f"{path}:{number}: {check(line)}"
     assert result["passed"] is True, context
+
+
+def test_control_drill_injects_nothing(fleet, tmp_path):
+    """The ``none`` control (the failover bench's baseline): a fault event, a node_back, and no
+    reaction from the fleet: no node down, no new assignment, the epoch unchanged."""
+    from chaos.faults import CONTROLS
+
+    assert CONTROLS == ("none",)
+    fleet.wait_healthy(60)
+    epoch_before = fleet.fleet_view()["epoch"]
+    config = DrillConfig(fault="none", out_dir=tmp_path, repeat=2, clients=parse_clients("aiokafka,confluent"),
+                         rate=RATE, seed=2000)
+    result = run_drill(config, Target.of_fleet(fleet))
+    context = json.dumps({k: result.get(k) for k in ("errors", "steps", "faults", "records")}, indent=1, default=str)
+    assert result["passed"] is True and result["errors"] == [], context
+    assert result["lost"] == 0 and result["duplicated"] == 0, context
+    events = summary.load_events(result["trace_dir"])
+    fleet_events = [e["event"] for e in events if e["source"] == "fleet"]
+    assert fleet_events.count("fault") == 2 and fleet_events.count("node_back") == 2, context
+    assert "node_down" not in fleet_events and "assignment_committed" not in fleet_events, fleet_events
+    assert fleet.fleet_view()["epoch"] == epoch_before

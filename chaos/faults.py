@@ -34,6 +34,14 @@ drain              graceful drain of a random proxy through the admin API;
                    undrain afterwards
 rolling-restart    every proxy in turn: drain, SIGTERM (SIGKILL after
                    ``stop_timeout_s``), restart, undrain, wait healthy
+kill-two           the fleet losing two of three nodes (issue 4): SIGKILL the node
+                   owning the most identities; once every client recovered and
+                   the fleet committed a new map, SIGKILL the survivor owning
+                   the most; the last node must serve every identity (no
+                   quorum: its lease, DESIGN §2.5) and every client recover;
+                   then restart both and wait until the identities rebalance
+freeze-two         the same with SIGSTOP (SIGCONT both at the end)
+leader-kill-two    the same with the Raft leader as each victim
 none               the control (not in ``FAULTS``): a ``fault`` event naming a
                    random live proxy and nothing else, then as long as a drain
                    takes; the same measures over the same kind of window give
@@ -72,7 +80,8 @@ import trio
 
 from chaos.trace import TraceWriter
 
-FAULTS = ("kill", "freeze", "partition", "leader-kill", "broker-kill", "drain", "rolling-restart")
+CASCADES = ("kill-two", "freeze-two", "leader-kill-two")  # two nodes of three, one after the other
+FAULTS = ("kill", "freeze", "partition", "leader-kill", "broker-kill", "drain", "rolling-restart") + CASCADES
 CONTROLS = ("none",)  # no fault: a baseline
 CONTROL_HOLD_S = 0.3  # "none": about as long as a drain, its undrain and the health check take
 FLEET_FAULTS = frozenset(FAULTS) - {"broker-kill"}
@@ -444,20 +453,99 @@ async def kill(ctx: FaultContext) -> None:
     await _restart(ctx, step)
 
 
-async def leader_kill(ctx: FaultContext) -> None:
+async def _leader(ctx: FaultContext, exclude: frozenset[str] = frozenset()) -> str:
+    """The Raft leader, once there is one outside ``exclude`` (nodes already failed)."""
     assert ctx.fleet is not None
     victim = None
     with trio.move_on_after(ctx.restore_timeout_s):
         for _ in range(1000):
             victim = await ctx.call(ctx.fleet.leader, timeout_s=10)
-            if victim:
-                break
+            if victim and str(victim) not in exclude:
+                return str(victim)
             await trio.sleep(0.1)
-    if not victim:
-        raise FaultFailed("the fleet has no leader to kill")
-    step = await _signal_fault(ctx, str(victim), "KILL")
+    raise FaultFailed(f"the fleet has no leader to kill (last seen: {victim})")
+
+
+async def leader_kill(ctx: FaultContext) -> None:
+    step = await _signal_fault(ctx, await _leader(ctx), "KILL")
     await ctx.await_effects(step)
     await _restart(ctx, step)
+
+
+async def _most_loaded(ctx: FaultContext, exclude: frozenset[str] = frozenset()) -> str:
+    """A live node owning the most identities in the committed table (ties: a seeded choice)."""
+    assert ctx.fleet is not None
+    view = await ctx.call(ctx.fleet.fleet_view, timeout_s=VIEW_TIMEOUT_S * 3)
+    loads = {str(n["id"]): len(n["identities"]) for n in view.get("nodes", [])
+             if n.get("alive") and str(n["id"]) not in exclude}
+    if not loads:
+        raise FaultFailed("no live node to pick a victim from")
+    most = max(loads.values())
+    return ctx.rng.choice(sorted(n for n, load in loads.items() if load == most))
+
+
+async def _last_node_serves_all(ctx: FaultContext, survivor: str, step: dict[str, Any]) -> None:
+    """Wait until ``survivor`` (alone, without quorum) advertises itself for every broker."""
+    assert ctx.fleet is not None
+    owners: dict[str, Any] = {}
+    with trio.move_on_after(ctx.react_timeout_s):
+        for _ in range(int(ctx.react_timeout_s / 0.1) + 2):
+            status = await ctx.call(ctx.fleet.status, survivor, timeout_s=5)
+            owners = (status.get("effective") or {}).get("owners") or {}
+            brokers = {str(b) for b in status.get("brokers") or []}
+            if brokers and set(owners) == brokers and set(owners.values()) == {survivor}:
+                step["last_node_serves_all"] = True
+                return
+            await trio.sleep(0.1)
+    step["last_node_serves_all"] = False
+    ctx.errors.append(f"{survivor}, the last node, did not advertise itself for every broker within "
+                      f"{ctx.react_timeout_s:.0f} s: effective owners {owners}")
+
+
+async def _cascade(ctx: FaultContext, sig: str,
+                   pick: Callable[[FaultContext, frozenset[str]], Awaitable[str]]) -> None:
+    """Two of three nodes fail one after the other (``CASCADES``); then both come back."""
+    assert ctx.fleet is not None
+    steps: list[dict[str, Any]] = []
+    try:
+        steps.append(await _signal_fault(ctx, await pick(ctx, frozenset()), sig))
+        await ctx.await_effects(steps[0])
+        if sig == "STOP":
+            await ctx.hold_until(steps[0]["fault_ts_ns"])
+        steps.append(await _signal_fault(ctx, await pick(ctx, frozenset({steps[0]["node"]})), sig))
+        survivors = sorted(set(ctx.fleet.node_ids) - {s["node"] for s in steps})
+        if len(survivors) != 1:
+            raise FaultFailed(f"{ctx.fault} needs a fleet of three nodes (survivors: {survivors})")
+        # No quorum is left, so no new map is committed: the survivor's lease makes it serve alone.
+        await _last_node_serves_all(ctx, survivors[0], steps[1])
+        steps[1]["recovered"] = await ctx.wait_recovered(steps[1]["fault_ts_ns"])
+        if sig == "STOP":
+            await ctx.hold_until(steps[1]["fault_ts_ns"])
+    finally:
+        if sig == "STOP":
+            with trio.CancelScope(shield=True):
+                for step in steps:
+                    await ctx.call(ctx.fleet.signal_node, step["node"], "CONT", timeout_s=10)
+    for step in steps:
+        if sig == "STOP":
+            if not await _wait_alive(ctx, step["node"]):
+                raise FaultFailed(f"{step['node']} is not alive {ctx.restore_timeout_s:.0f} s after SIGCONT")
+        else:
+            await ctx.call(ctx.fleet.restart_node, step["node"])
+        ctx.mark_back(step)
+    await ctx.call(ctx.fleet.wait_balanced, ctx.restore_timeout_s, timeout_s=ctx.restore_timeout_s + 10)
+
+
+async def kill_two(ctx: FaultContext) -> None:
+    await _cascade(ctx, "KILL", _most_loaded)
+
+
+async def freeze_two(ctx: FaultContext) -> None:
+    await _cascade(ctx, "STOP", _most_loaded)
+
+
+async def leader_kill_two(ctx: FaultContext) -> None:
+    await _cascade(ctx, "KILL", _leader)
 
 
 async def _wait_alive(ctx: FaultContext, node: str) -> bool:
@@ -614,5 +702,8 @@ INJECT: dict[str, Callable[[FaultContext], Awaitable[None]]] = {
     "broker-kill": broker_kill,
     "drain": drain,
     "rolling-restart": rolling_restart,
+    "kill-two": kill_two,
+    "freeze-two": freeze_two,
+    "leader-kill-two": leader_kill_two,
     "none": control,
 }

@@ -9,7 +9,6 @@ injected on this machine (the drill is SKIPPED and says why).
 
 from __future__ import annotations
 
-import inspect
 import json
 import shutil
 import sys
@@ -137,6 +136,9 @@ def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: 
         state_dir: str | None, seed: int | None, rate: float, direct: bool, progress: bool | None) -> None:
     """Run FAULT under load REPEAT times and print RTO, lost and duplicated records."""
     from chaos.drill import DrillConfig, Target, new_seed, run_drill
+    from chaos.fleet import FleetError, LocalFleet
+    from chaos.kafka_cluster import KafkaCluster, KafkaError, free_base_port
+    from chaos.proxies import ProxyProcessError
 
     seed = new_seed() if seed is None else seed
     click.echo(f"seed {seed}", err=True)
@@ -146,8 +148,6 @@ def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: 
     owned: Any = None
     try:
         if direct:
-            from chaos.kafka_cluster import KafkaCluster, KafkaError, free_base_port
-
             try:
                 if state_dir:
                     kafka = KafkaCluster.load(state_dir)
@@ -160,20 +160,13 @@ def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: 
             target = Target.of_kafka(kafka)
         else:
             try:
-                from chaos.fleet import LocalFleet
-            except ImportError as exc:
-                _fail(f"the local fleet launcher (chaos.fleet) is not available: {exc}")
-            try:
                 if state_dir:
                     fleet = LocalFleet.load(state_dir)
                 else:
                     owned_dir = tempfile.mkdtemp(prefix="kproxy-drill-fleet-")
                     click.echo(f"starting a local fleet in {owned_dir}", err=True)
-                    kwargs = {}
-                    if "kafka_base_port" in inspect.signature(LocalFleet.up).parameters:
-                        kwargs["kafka_base_port"] = free_base_port()
-                    fleet = owned = LocalFleet.up(owned_dir, **kwargs)
-            except Exception as exc:  # the fleet's own error types; message says why
+                    fleet = owned = LocalFleet.up(owned_dir, kafka_base_port=free_base_port())
+            except (FleetError, KafkaError, ProxyProcessError) as exc:
                 _fail(f"no local fleet: {exc}")
             target = Target.of_fleet(fleet)
         with _Live(show) as live:

@@ -38,7 +38,7 @@ from typing import Callable, Mapping
 
 from proxy.buffers import ReadBuffers, read_buffers
 from proxy.codec import ConnectionCodec
-from proxy.config import Config, HostPort, NodeConfig
+from proxy.config import Config, ConfigError, HostPort, NodeConfig
 from proxy.errors import ProtocolError, RewriteError, UnknownBroker
 from proxy.metrics import ProxyMetrics
 from proxy.rewrite import BrokerAddress, ResponseRewriter
@@ -458,10 +458,17 @@ class ProxyNode:
                     self.brokers[b.node_id] = b
                     changed = True
                 if b.node_id not in self._servers:
-                    port = self.config.broker_port(b.node_id)
-                    self._servers[b.node_id] = await asyncio.get_running_loop().create_server(
-                        lambda bid=b.node_id: ClientSide(self, bid), self.local.host, port, reuse_address=True,
-                        reuse_port=self.takeover_enabled)
+                    # One broker whose listener cannot be bound (port taken, no port for its id)
+                    # stays unadvertised (the rewriter stalls on it: that client's connection is
+                    # closed); the other brokers and later refreshes go on.
+                    try:
+                        port = self.config.broker_port(b.node_id)
+                        self._servers[b.node_id] = await asyncio.get_running_loop().create_server(
+                            lambda bid=b.node_id: ClientSide(self, bid), self.local.host, port, reuse_address=True,
+                            reuse_port=self.takeover_enabled)
+                    except (OSError, ConfigError) as exc:
+                        log.error("listener bind failed", extra={"broker": b.node_id, "reason": str(exc)})
+                        continue
                     self.book.bound.add(b.node_id)
                     if not self.fleet:
                         self.book.owners[b.node_id] = self.local.id
@@ -486,6 +493,8 @@ class ProxyNode:
                                                  source=self.local.host))
             except DiscoveryError as exc:
                 log.warning("upstream refresh failed", extra={"reason": str(exc)})
+            except Exception:  # a bug must not end discovery for the node's lifetime
+                log.exception("upstream refresh failed unexpectedly")
 
     def _upstream_for(self, listener: int) -> list[HostPort]:
         if listener != BOOTSTRAP:
@@ -530,7 +539,11 @@ class ProxyNode:
     async def _unstall(self, pair: _Pair, stalled: UnknownBroker) -> None:
         """A response named a broker we have no listener for: learn it, bind, resume."""
         new = [UpstreamBroker(b.node_id, b.host, b.port, b.rack) for b in stalled.brokers]
-        await self._learn(new)
+        try:
+            await self._learn(new)
+        except Exception as exc:  # never leave the pair paused: close it, say why
+            pair.abort(f"learning brokers {[b.node_id for b in new]} failed: {exc!r}")
+            raise
         if pair.closed:
             return
         try:

@@ -358,6 +358,7 @@ class FaultContext:
     react_timeout_s: float = 15.0
     restore_timeout_s: float = 90.0
     stop_timeout_s: float = 30.0
+    on_failover: Callable[[dict[str, Any]], None] | None = None  # see ``chaos.drill.DrillConfig``
     steps: list[dict[str, Any]] = attrs.Factory(list)
     errors: list[str] = attrs.Factory(list)  # problems that make the drill fail but do not stop it
 
@@ -441,6 +442,8 @@ async def _signal_fault(ctx: FaultContext, victim: str, sig: str) -> dict[str, A
 
 async def _restart(ctx: FaultContext, step: dict[str, Any]) -> None:
     assert ctx.fleet is not None
+    if ctx.on_failover is not None:
+        await ctx.call(ctx.on_failover, step, timeout_s=30)
     await ctx.call(ctx.fleet.restart_node, step["node"])
     ctx.mark_back(step)
     await ctx.wait_healthy()
@@ -492,7 +495,7 @@ async def _last_node_serves_all(ctx: FaultContext, survivor: str, step: dict[str
         for _ in range(int(ctx.react_timeout_s / 0.1) + 2):
             status = await ctx.call(ctx.fleet.status, survivor, timeout_s=5)
             owners = (status.get("effective") or {}).get("owners") or {}
-            brokers = {str(b) for b in status.get("brokers") or []}
+            brokers = {str(b["id"] if isinstance(b, dict) else b) for b in status.get("brokers") or []}
             if brokers and set(owners) == brokers and set(owners.values()) == {survivor}:
                 step["last_node_serves_all"] = True
                 return

@@ -398,10 +398,21 @@ class KafkaCluster:
                 self._launch(s)
             self._save()
             self.wait_ready(timeout)
+            self._check_topic_creation()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _check_topic_creation(self, timeout: float = 30.0) -> None:
+        """Ready means usable: a topic with RF min(3, brokers) and min.insync.replicas 2 is created,
+        gets a leader for every partition, and is deleted again."""
+        from confluent_kafka.admin import AdminClient
+
+        name = f"kproxy-ready-{uuid.uuid4().hex[:12]}"
+        self.create_topic(name, partitions=len(self.specs), timeout=timeout)
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        admin.delete_topics([name], operation_timeout=timeout)[name].result(timeout=timeout)
 
     def wait_ready(self, timeout: float = 90.0, brokers: list[int] | None = None) -> None:
         """Wait until every (or the given) broker is registered and serving."""

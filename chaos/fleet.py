@@ -14,13 +14,15 @@ from __future__ import annotations
 import json
 import os
 import time
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from chaos.kafka_cluster import KafkaCluster, KafkaError
-from chaos.proxies import ADMIN_PORT, BOOTSTRAP_PORT, NodeProcess, ProxyProcessError, fleet_config, node_ip
+from chaos.proxies import (ADMIN_PORT, BOOTSTRAP_PORT, AdminEndpoint, NodeProcess, ProxyProcessError, fleet_config,
+                           node_ip)
 
 
 class FleetError(RuntimeError):
@@ -28,9 +30,10 @@ class FleetError(RuntimeError):
 
 
 class LocalFleet:
-    def __init__(self, state_dir: str | os.PathLike[str], config_path: Path, nodes: list[NodeProcess],
-                 kafka: KafkaCluster | None, upstream: list[str]) -> None:
-        self.state_dir = Path(state_dir).resolve()
+    def __init__(self, state_dir: str | os.PathLike[str] | None, config_path: Path | None,
+                 nodes: list[NodeProcess] | list[AdminEndpoint], kafka: KafkaCluster | None,
+                 upstream: list[str]) -> None:
+        self.state_dir = Path(state_dir).resolve() if state_dir is not None else None
         self.config_path = config_path
         self.nodes = {n.node_id: n for n in nodes}
         self.kafka = kafka
@@ -88,6 +91,33 @@ class LocalFleet:
         kafka = KafkaCluster.load(data["kafka_state_dir"]) if data.get("kafka_state_dir") else None
         return cls(state, cfg, nodes, kafka, data["upstream"])
 
+    @classmethod
+    def remote(cls, admin_url: str, token: str | None = None, timeout: float = 5.0) -> "LocalFleet":
+        """A running fleet, wherever it runs, known by one node's admin endpoint: that node's
+        ``/status`` names every node's endpoint (``admin_endpoints``). Views work without a
+        token; actions (drain, undrain, kill through ``POST /kill``) need the fleet's admin
+        token; starting, stopping and restarting processes need the local state dir."""
+        parts = urllib.parse.urlsplit(admin_url if "://" in admin_url else f"http://{admin_url}")
+        if not parts.hostname:
+            raise FleetError(f"{admin_url!r} is not an admin URL (http://HOST:PORT)")
+        first = AdminEndpoint("?", parts.hostname, parts.port or ADMIN_PORT, token)
+        try:
+            r = first.get("/status", timeout=timeout)
+            r.raise_for_status()
+            status = r.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise FleetError(f"no fleet status from {first.admin_url}: {exc!r}") from None
+        members = status.get("members") or {}
+        endpoints = status.get("admin_endpoints") or {str(status.get("node")): first.admin_url}
+        nodes = []
+        for node_id, url in sorted(endpoints.items()):
+            u = urllib.parse.urlsplit(url)
+            nodes.append(AdminEndpoint(node_id, u.hostname or "", u.port or ADMIN_PORT, token,
+                                       bootstrap_port=(members.get(node_id) or {}).get("bootstrap_port",
+                                                                                        BOOTSTRAP_PORT)))
+        upstream = [f"{b['host']}:{b['port']}" for b in status.get("brokers") or [] if isinstance(b, dict)]
+        return cls(None, None, nodes, None, upstream)
+
     def _save(self) -> None:
         data = {
             "config": str(self.config_path),
@@ -114,7 +144,7 @@ class LocalFleet:
 
     @property
     def bootstrap(self) -> list[str]:
-        return [f"{n.host}:{BOOTSTRAP_PORT}" for n in self.nodes.values()]
+        return [f"{n.host}:{n.bootstrap_port}" for n in self.nodes.values()]
 
     @property
     def bootstrap_servers(self) -> str:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import httpx
 import psutil
@@ -88,18 +88,22 @@ def read_env(config_path: str | os.PathLike[str]) -> dict[str, str]:
     return out
 
 
-class NodeProcess:
-    """One ``kproxy run`` process."""
+class AdminEndpoint:
+    """A fleet node as its admin endpoint sees it: GET views, token-authorised POST actions.
 
-    def __init__(self, config_path: str | os.PathLike[str], node_id: str, host: str, admin_port: int,
-                 log_path: str | os.PathLike[str], pid: int | None = None) -> None:
-        self.config_path = Path(config_path).resolve()
+    On its own it stands for a node of a fleet that runs anywhere (``LocalFleet.remote``, the
+    ``cluster`` commands with ``--admin URL``): no process of ours, so ``pid`` is None, ``alive()``
+    says whether it answers, and ``signal`` asks the node to signal itself (``POST /kill``).
+    """
+
+    def __init__(self, node_id: str, host: str, admin_port: int, token: str | None = None, *,
+                 bootstrap_port: int = BOOTSTRAP_PORT) -> None:
         self.node_id = node_id
         self.host = host
         self.admin_port = admin_port
-        self.log_path = Path(log_path)
-        self.pid = pid
-        self._proc: subprocess.Popen[bytes] | None = None
+        self.bootstrap_port = bootstrap_port
+        self.pid: int | None = None
+        self._token = token
         self._http: httpx.Client | None = None  # persistent: a new client per call costs 100+ ms CPU
 
     @property
@@ -110,7 +114,64 @@ class NodeProcess:
 
     @property
     def admin_url(self) -> str:
-        return f"http://{self.host}:{self.admin_port}"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.admin_port}"
+
+    def token(self) -> str:
+        if not self._token:
+            raise ProxyProcessError("no admin token: actions need the fleet's bearer token "
+                                    "(--token-env names the environment variable that holds it)")
+        return self._token
+
+    def get(self, path: str, timeout: float = 2.0) -> httpx.Response:
+        return self.http.get(self.admin_url + path, timeout=timeout)
+
+    def post(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> httpx.Response:
+        return self.http.post(self.admin_url + path, json=body or {}, timeout=timeout,
+                              headers={"Authorization": f"Bearer {self.token()}"})
+
+    def alive(self) -> bool:
+        try:
+            return self.get("/healthz", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def signal(self, name: str) -> None:
+        """The drill through the admin API: the node sends itself the signal."""
+        try:
+            r = self.post("/kill", {"signal": name})
+        except httpx.HTTPError as exc:
+            raise ProxyProcessError(f"node {self.node_id}: POST /kill failed: {exc!r}") from None
+        if r.status_code != 200:
+            raise ProxyProcessError(f"node {self.node_id}: POST /kill answered {r.status_code}: {r.text[:200]}")
+
+    def _not_ours(self) -> NoReturn:
+        raise ProxyProcessError(f"node {self.node_id} is not a process of a local state dir: "
+                                "start or stop it where it runs")
+
+    def start(self) -> "AdminEndpoint":
+        self._not_ours()
+
+    def stop(self) -> None:
+        self._not_ours()
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        self._not_ours()
+
+
+class NodeProcess(AdminEndpoint):
+    """One ``kproxy run`` process."""
+
+    def __init__(self, config_path: str | os.PathLike[str], node_id: str, host: str, admin_port: int,
+                 log_path: str | os.PathLike[str], pid: int | None = None) -> None:
+        super().__init__(node_id, host, admin_port)
+        self.config_path = Path(config_path).resolve()
+        self.log_path = Path(log_path)
+        self.pid = pid
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def token(self) -> str:
+        return read_env(self.config_path)["KPROXY_ADMIN_TOKEN"]
 
     def start(self) -> "NodeProcess":
         if self.alive():
@@ -139,14 +200,6 @@ class NodeProcess:
         except psutil.NoSuchProcess:
             return False
         return str(self.config_path) in cmd and self.node_id in cmd
-
-    def get(self, path: str, timeout: float = 2.0) -> httpx.Response:
-        return self.http.get(self.admin_url + path, timeout=timeout)
-
-    def post(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> httpx.Response:
-        token = read_env(self.config_path)["KPROXY_ADMIN_TOKEN"]
-        return self.http.post(self.admin_url + path, json=body or {}, timeout=timeout,
-                              headers={"Authorization": f"Bearer {token}"})
 
     def wait_ready(self, timeout: float = 60.0) -> None:
         deadline = time.monotonic() + timeout

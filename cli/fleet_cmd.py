@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -27,6 +28,29 @@ def _fail(exc: Exception, code: int = 1) -> None:
 def _load(state_dir: str) -> LocalFleet:
     try:
         return LocalFleet.load(state_dir)
+    except FleetError as exc:
+        _fail(exc, 2)
+        raise  # unreachable
+
+
+def fleet_target(func: Any) -> Any:
+    """``--state-dir D`` (a fleet `fleet up` started here) or ``--admin URL`` (any node's admin
+    endpoint of a fleet running anywhere; actions take the bearer token from ``--token-env``)."""
+    func = click.option("--token-env", default="KPROXY_ADMIN_TOKEN", show_default=True,
+                        help="With --admin: the environment variable holding the fleet's admin token.")(func)
+    func = click.option("--admin", "admin_url", default=None, metavar="URL",
+                        help="Any node's admin endpoint (http://HOST:PORT) instead of a local state dir.")(func)
+    return click.option("--state-dir", type=click.Path(file_okay=False), default=None,
+                        help="Directory holding the local fleet's state.")(func)
+
+
+def _target(state_dir: str | None, admin_url: str | None, token_env: str) -> LocalFleet:
+    if (state_dir is None) == (admin_url is None):
+        raise click.UsageError("give exactly one of --state-dir and --admin")
+    if state_dir is not None:
+        return _load(state_dir)
+    try:
+        return LocalFleet.remote(admin_url or "", os.environ.get(token_env) or None)
     except FleetError as exc:
         _fail(exc, 2)
         raise  # unreachable
@@ -104,11 +128,11 @@ def render_status(view: dict[str, Any], problems: list[str]) -> None:
 
 
 @cluster.command("status")
-@state_dir_option
+@fleet_target
 @click.option("--json", "as_json", is_flag=True)
-def cluster_status(state_dir: str, as_json: bool) -> None:
+def cluster_status(state_dir: str | None, admin_url: str | None, token_env: str, as_json: bool) -> None:
     """Nodes, roles, epoch, broker-id → proxy table, upstream brokers. Exit 1 when unhealthy."""
-    f = _load(state_dir)
+    f = _target(state_dir, admin_url, token_env)
     view = f.fleet_view()
     problems = LocalFleet.health_problems(view)
     view["healthy"] = not problems
@@ -122,13 +146,18 @@ def cluster_status(state_dir: str, as_json: bool) -> None:
 
 @cluster.command("kill-node")
 @click.argument("node")
-@state_dir_option
+@fleet_target
 @click.option("--signal", "sig", type=click.Choice(["KILL", "STOP", "TERM", "CONT"], case_sensitive=False),
               default="KILL", show_default=True)
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def kill_node(node: str, state_dir: str, sig: str, yes: bool) -> None:
-    """The drill: send SIGKILL (or STOP/TERM/CONT) to one proxy node."""
-    f = _load(state_dir)
+def kill_node(node: str, state_dir: str | None, admin_url: str | None, token_env: str, sig: str, yes: bool) -> None:
+    """The drill: send SIGKILL (or STOP/TERM/CONT) to one proxy node.
+
+    With --admin the node signals itself (POST /kill): CONT cannot reach a stopped node that way."""
+    f = _target(state_dir, admin_url, token_env)
+    if admin_url is not None and sig.upper() == "CONT":
+        raise click.BadParameter("a stopped node cannot answer its admin endpoint: CONT needs --state-dir",
+                                 param_hint="--signal")
     if node not in f.node_ids:
         raise click.BadParameter(f"no node {node!r} (nodes: {', '.join(f.node_ids)})", param_hint="NODE")
     if not yes:
@@ -140,29 +169,28 @@ def kill_node(node: str, state_dir: str, sig: str, yes: bool) -> None:
     click.echo(f"sent SIG{sig.upper()} to {node}")
 
 
-def _move(state_dir: str, node: str, action: str) -> None:
-    f = _load(state_dir)
+def _move(f: LocalFleet, node: str, action: str) -> None:
     try:
         result = getattr(f, action)(node)
-    except FleetError as exc:
+    except (FleetError, ProxyProcessError) as exc:
         _fail(exc)
     click.echo(f"{action}ed {node} at epoch {result.get('epoch')}")
 
 
 @cluster.command("drain")
 @click.argument("node")
-@state_dir_option
-def drain(node: str, state_dir: str) -> None:
+@fleet_target
+def drain(node: str, state_dir: str | None, admin_url: str | None, token_env: str) -> None:
     """Move every identity away from NODE without client errors."""
-    _move(state_dir, node, "drain")
+    _move(_target(state_dir, admin_url, token_env), node, "drain")
 
 
 @cluster.command("undrain")
 @click.argument("node")
-@state_dir_option
-def undrain(node: str, state_dir: str) -> None:
+@fleet_target
+def undrain(node: str, state_dir: str | None, admin_url: str | None, token_env: str) -> None:
     """Let NODE take identities again."""
-    _move(state_dir, node, "undrain")
+    _move(_target(state_dir, admin_url, token_env), node, "undrain")
 
 
 @cluster.command("restart-node")

@@ -53,7 +53,10 @@ class NodeRuntime:
         book = self.proxy.book
         data.update({"epoch": book.epoch, "assignment": {str(k): v for k, v in sorted(book.owners.items())},
                      "role": "standalone", "term": 0, "leader": self.node_id, "has_quorum": True,
-                     "pid": os.getpid(), "ready": self.ready})
+                     "pid": os.getpid(), "ready": self.ready,
+                     # Where every node of the fleet answers: `cluster --admin URL` needs only one.
+                     "admin_endpoints": {n.id: f"http://{_url_host(n.host)}:{n.admin_port}" for n in self.config.nodes
+                                         if n.admin_port is not None}})
         if self.link is not None:
             member = self.link.status()
             member.pop("brokers", None)  # the data path's broker list (with addresses) is richer
@@ -160,3 +163,7 @@ class NodeRuntime:
 
 def run(config: Config, node_id: str) -> None:
     uvloop.run(NodeRuntime(config, node_id).serve())
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

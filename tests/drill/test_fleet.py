@@ -108,6 +108,50 @@ def test_drain_moves_identities_without_client_errors(fleet, topic_name):
     assert sorted(c.value for c in got) == sorted(a.value for a in acks)
 
 
+def test_cluster_commands_through_any_admin_endpoint(fleet):
+    """`cluster ... --admin URL`: one node's admin endpoint is enough to see and act on the fleet."""
+    from chaos.proxies import read_env
+
+    runner = CliRunner()
+    url = fleet.nodes["p2"].admin_url
+    fleet.wait_balanced(30)
+    local = json.loads(runner.invoke(cli, ["cluster", "status", "--state-dir", str(fleet.state_dir), "--json"]).output)
+    result = runner.invoke(cli, ["cluster", "status", "--admin", url, "--json"])
+    assert result.exit_code == 0, result.output
+    remote = json.loads(result.output)
+    assert remote["healthy"] is True and remote["problems"] == []
+    assert (remote["epoch"], remote["leader"], remote["assignment"]) == (
+        local["epoch"], local["leader"], local["assignment"])
+    assert [(n["id"], n["address"], n["alive"], n["identities"]) for n in remote["nodes"]] == [
+        (n["id"], n["address"], n["alive"], n["identities"]) for n in local["nodes"]]
+    assert remote["bootstrap"] == fleet.bootstrap
+    assert runner.invoke(cli, ["cluster", "status"]).exit_code == 2  # neither --state-dir nor --admin
+    nowhere = runner.invoke(cli, ["cluster", "status", "--admin", "http://127.0.0.1:9"])
+    assert nowhere.exit_code == 2 and "no fleet status" in nowhere.output
+    # Actions need the fleet's token; without it nothing moves.
+    no_token = runner.invoke(cli, ["cluster", "drain", "p3", "--admin", url, "--token-env", "KPROXY_TEST_NO_TOKEN"],
+                             env={"KPROXY_TEST_NO_TOKEN": ""})
+    assert no_token.exit_code == 1 and "no admin token" in no_token.output
+    wrong = runner.invoke(cli, ["cluster", "drain", "p3", "--admin", url], env={"KPROXY_ADMIN_TOKEN": "wrong"})
+    assert wrong.exit_code == 1 and "401" in wrong.output
+    assert fleet.fleet_view()["assignment"] == local["assignment"]
+    env = {"KPROXY_ADMIN_TOKEN": read_env(fleet.config_path)["KPROXY_ADMIN_TOKEN"]}
+    result = runner.invoke(cli, ["cluster", "drain", "p3", "--admin", url], env=env)
+    assert result.exit_code == 0, result.output
+    assert "p3" not in fleet.fleet_view()["assignment"].values()
+    assert runner.invoke(cli, ["cluster", "undrain", "p3", "--admin", url], env=env).exit_code == 0
+    fleet.wait_balanced(30)
+    # The drill through the endpoint: the node signals itself (POST /kill); its identities move.
+    epoch = fleet.fleet_view()["epoch"]
+    result = runner.invoke(cli, ["cluster", "kill-node", "p3", "--admin", url, "--yes"], env=env)
+    assert result.exit_code == 0, result.output
+    _wait(lambda: not fleet.nodes["p3"].alive(), 10, "p3's process gone")
+    view = fleet.wait_healthy(30, allow_dead=True)
+    assert view["epoch"] > epoch and "p3" not in view["assignment"].values()
+    fleet.restart_node("p3")
+    fleet.wait_balanced(30)
+
+
 class _SteadyProducer(threading.Thread):
     """One idempotent confluent producer, acks=all, producing until stopped; records every ack."""
 

@@ -115,6 +115,9 @@ class DrillConfig:
     poll_period_s: float = faults_mod.POLL_PERIOD_S
     jitter_s: tuple[float, float] = (0.3, 1.0)
     python: str = sys.executable
+    # Called (in a worker thread) once a killed node's identities have moved and every client
+    # recovered, before the node is restarted: `kproxy demo` shows the fleet at that moment.
+    on_failover: Callable[[dict[str, Any]], None] | None = attrs.field(default=None, eq=False)
 
 
 @attrs.frozen
@@ -338,7 +341,8 @@ async def run_drill_async(config: DrillConfig, target: Target, progress: Progres
         "run_id": run_id, "fault": config.fault, "repeat": config.repeat, "seed": seed, "topic": topic,
         "bootstrap": target.bootstrap, "rate": config.rate, "with_fleet": target.fleet is not None,
         "clients": [attrs.asdict(s) for s in specs],
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in attrs.asdict(config).items()},
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in attrs.asdict(config).items()
+                   if not callable(v)},
     }
     (run_dir / "drill.json").write_text(json.dumps(manifest, indent=2) + "\n")
     state: dict[str, Any] = {"phase": "starting", "run_id": run_id, "seed": seed, "fault": config.fault,
@@ -531,7 +535,7 @@ async def _drills(config: DrillConfig, target: Target, clients: list[str], rng: 
                 fault=config.fault, trace=fleet_trace, rng=rng, wait_recovered=wait_recovered,
                 fleet=target.fleet, kafka=target.kafka, watcher=watcher, hold_s=config.hold_s,
                 react_timeout_s=config.react_timeout_s, restore_timeout_s=config.restore_timeout_s,
-                stop_timeout_s=config.stop_timeout_s)
+                stop_timeout_s=config.stop_timeout_s, on_failover=config.on_failover)
             report(f"drill {i + 1}/{config.repeat}: fault")
             # The fleet as the drill found it, for post-mortems (not read by the summaries).
             before = None if watcher is None else json.dumps(

@@ -2,7 +2,8 @@
 
 Local Kafka (3 real brokers) + 3 proxies on 127.0.0.11-13 → `cluster status` →
 a kill-node drill under load with real clients → `cluster status` showing the
-new map → the drill summary → `fleet down`.
+new map while the victim is down → the victim restarted → the fleet events →
+`cluster status` rebalanced → the drill summary → `fleet down`.
 """
 
 from __future__ import annotations
@@ -43,9 +44,19 @@ def demo(state_dir: str, out_dir: str, clients: str) -> None:
         console.print(Rule("2. kproxy cluster status"))
         before = fleet.fleet_view()
         render_status(before, LocalFleet.health_problems(before))
-        console.print(Rule("3. kproxy drill run --fault kill (SIGKILL the node with most identities, under load)"))
-        config = DrillConfig(fault="kill", out_dir=out / "trace", clients=parse_clients(clients), repeat=1)
+        console.print(Rule("3. kproxy drill run --fault kill (SIGKILL a proxy node, under load)"))
         phases: list[str] = []
+
+        def show_failover(step: dict) -> None:  # the victim is down, its identities have moved
+            phases.append("failover")
+            console.print(Rule(f"3a. kproxy cluster status ({step['node']} killed: its identities on the "
+                               "survivors, epoch + 1, clients recovered)"))
+            view = fleet.fleet_view()
+            render_status(view, LocalFleet.health_problems(view))
+            console.print(Rule(f"3b. restarting {step['node']}"))
+
+        config = DrillConfig(fault="kill", out_dir=out / "trace", clients=parse_clients(clients), repeat=1,
+                             on_failover=show_failover)
 
         def progress(status: dict) -> None:  # print each phase once
             if status.get("phase") and status["phase"] not in phases[-1:]:
@@ -56,7 +67,7 @@ def demo(state_dir: str, out_dir: str, clients: str) -> None:
         console.print(Rule("4. what the fleet did (fleet events from the trace)"))
         render_timeline(Path(str(summary.get("trace_dir"))))
         console.print(Rule("5. kproxy cluster status (the victim restarted and took its identities back)"))
-        after = fleet.fleet_view()
+        after = fleet.wait_balanced(60)
         render_status(after, LocalFleet.health_problems(after))
         console.print(Rule("6. drill summary"))
         console.print_json(json.dumps(summary, default=str))

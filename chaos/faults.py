@@ -120,10 +120,12 @@ def node_up(node: dict[str, Any], view: dict[str, Any]) -> bool:
 
 def status_view(status: dict[str, Any]) -> dict[str, Any]:
     """One node's ``/status`` as a view for ``FleetWatcher.observe``: the Raft-committed table
-    (``committed_assignment``, else ``assignment``), the epoch and the members' up flags."""
+    (``committed_assignment``, else ``assignment``), its epoch (``committed_epoch``, else
+    ``epoch``, which is the data path's and may lag the commit by a moment) and the members' up
+    flags."""
     members = status.get("members") or {}
     return {
-        "epoch": status.get("epoch"),
+        "epoch": status.get("committed_epoch", status.get("epoch")),
         "leader": status.get("leader"),
         "assignment": status.get("committed_assignment", status.get("assignment")),
         "members": members,

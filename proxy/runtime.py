@@ -61,6 +61,7 @@ class NodeRuntime:
             member = self.link.status()
             member.pop("brokers", None)  # the data path's broker list (with addresses) is richer
             member["committed_assignment"] = member.pop("assignment")
+            member["committed_epoch"] = member["epoch"]
             data.update(member)
             # What this node advertises right now (the effective table, degraded mode included).
             data["assignment"] = {str(k): v for k, v in sorted(book.owners.items())}

@@ -110,6 +110,9 @@ def test_status_view_uses_the_committed_table_and_member_flags():
     v = status_view(_status("p2", "p2", 4, {"1": "p1"}, {"p1": False, "p2": True}, advertised={"1": "p2"}))
     assert v["assignment"] == {"1": "p1"} and v["epoch"] == 4
     assert [(n["id"], node_up(n, v)) for n in v["nodes"]] == [("p1", False), ("p2", True)]
+    # The committed table's epoch, not the data path's (which applies it a moment later).
+    lagging = _status("p2", "p2", 4, {"1": "p2"}, {"p1": False, "p2": True}) | {"committed_epoch": 5}
+    assert status_view(lagging)["epoch"] == 5
 
 
 class TinyFleet:

@@ -163,3 +163,30 @@ def test_control_drill_injects_nothing(fleet, tmp_path):
     assert fleet_events.count("fault") == 2 and fleet_events.count("node_back") == 2, context
     assert "node_down" not in fleet_events and "assignment_committed" not in fleet_events, fleet_events
     assert fleet.fleet_view()["epoch"] == epoch_before
+
+
+def test_cli_drill_run_json(fleet, tmp_path):
+    """`kproxy drill run --json` against a running fleet: the summary's documented keys, exit 0;
+    bad usage exits 2 before anything starts."""
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    runner = CliRunner()
+    bad = runner.invoke(cli, ["drill", "run", "--fault", "none", "--clients", "nosuch", "--state-dir",
+                              str(fleet.state_dir)])
+    assert bad.exit_code == 2 and "unknown client family 'nosuch'" in bad.output
+    assert runner.invoke(cli, ["drill", "run", "--fault", "meteor"]).exit_code == 2
+    fleet.wait_healthy(60)
+    result = runner.invoke(cli, ["drill", "run", "--fault", "none", "--clients", "aiokafka,confluent:producer",
+                                 "--state-dir", str(fleet.state_dir), "--out", str(tmp_path), "--seed", "3000",
+                                 "--rate", str(RATE), "--json", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    summary_json = json.loads(result.stdout)
+    assert {"fault", "repeat", "rto_ms", "lost", "duplicated", "trace_dir"} <= set(summary_json)
+    assert (summary_json["fault"], summary_json["repeat"], summary_json["seed"]) == ("none", 1, 3000)
+    assert set(summary_json["rto_ms"]) == {"aiokafka", "confluent"}
+    assert all({"p50", "p99", "max"} <= set(s) for s in summary_json["rto_ms"].values())
+    assert summary_json["lost"] == 0 and summary_json["duplicated"] == 0 and summary_json["passed"] is True
+    assert Path(summary_json["trace_dir"]).is_relative_to(tmp_path)
+

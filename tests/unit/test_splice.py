@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from cli.main import cli
 
 from proxy import server as server_mod
+from proxy.buffers import read_buffers
 from proxy.codec import ConnectionCodec
 from proxy.codec import CorrelationTable
 from proxy.codec import ResponseSplitter
@@ -143,14 +144,29 @@ class _Sink(asyncio.Protocol):
         pass
 
 
+class _ClientEnd(server_mod.ClientSide):
+    """The real ClientSide (flow control, close on EOF) without dialling a broker: the rig has one."""
+
+    def __init__(self, pair: server_mod._Pair) -> None:
+        self.node = pair.node
+        self.pair = pair
+        self._buffers = read_buffers()
+        self._view = self._buffers.view
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        pass
+
+
 class Rig:
     """A pair as the proxy builds it: ``broker`` and ``client`` are the far
     ends (plain sockets the test drives), the proxy's ends are uvloop/asyncio
-    transports with the real UpstreamSide protocol and codec."""
+    transports with the real UpstreamSide protocol and codec, and on the client
+    side a sink or (``real_client``) the real ClientSide protocol."""
 
-    def __init__(self, splice_min: int, recorded: list[Splice]) -> None:
+    def __init__(self, splice_min: int, recorded: list[Splice], *, real_client: bool = False) -> None:
         self.splice_min = splice_min
         self.recorded = recorded
+        self.real_client = real_client
 
     async def start(self) -> "Rig":
         loop = asyncio.get_running_loop()
@@ -161,11 +177,13 @@ class Rig:
         self.node._maybe_finish_drain = lambda pair: None
         self.node.metrics.active.inc()
         self.pair = server_mod._Pair(self.node, 1)  # type: ignore[arg-type]
+        self.node._pairs.add(self.pair)  # as ClientSide.connection_made does
         self.broker, proxy_up = tcp_pair()
         self.client, proxy_client = tcp_pair()
         self.broker.settimeout(10)
         self.client.settimeout(10)
-        self.pair.client, _ = await loop.connect_accepted_socket(_Sink, proxy_client)  # type: ignore[assignment]
+        client_protocol = (lambda: _ClientEnd(self.pair)) if self.real_client else _Sink
+        self.pair.client, _ = await loop.connect_accepted_socket(client_protocol, proxy_client)  # type: ignore
         self.pair.client.set_write_buffer_limits(high=limits.high_water_bytes)  # type: ignore[union-attr]
         self.pair.upstream, _ = await loop.connect_accepted_socket(  # type: ignore[assignment]
             lambda: server_mod.UpstreamSide(self.pair), proxy_up)

@@ -1,0 +1,91 @@
+"""The copy path of proxy.server (splice off) on real loopback TCP, uvloop and asyncio: a client
+that does not read pauses the broker side, so the proxy holds at most about the high-water mark
+plus one read; a broker connection that ends closes the client connection (never a hang), and a
+client that goes away closes the broker connection."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from proxy.buffers import READ_BUFFER_BYTES
+from tests.unit.test_splice import Rig, frame, recv_exactly, run  # noqa: F401 - run is a fixture
+
+pytestmark = pytest.mark.unit
+
+DEADLINE_S = 10.0
+
+
+async def _wait_for(condition, what: str) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + DEADLINE_S
+    while not condition():
+        if loop.time() > deadline:
+            raise AssertionError(f"{what} not within {DEADLINE_S} s")
+        await asyncio.sleep(0.01)
+
+
+def test_a_client_that_does_not_read_pauses_the_broker_side(run):  # noqa: F811
+    # 64 MiB: far more than the kernel's socket buffers on both hops can hold.
+    stream = frame(1, os.urandom(64 << 20)) + frame(2, b"after")
+
+    async def scenario(recorded):  # type: ignore[no-untyped-def]
+        rig = await Rig(0, recorded, real_client=True).start()  # splice off: every byte goes through the process
+        rig.request(1)
+        rig.request(2)
+        loop = asyncio.get_running_loop()
+        sender = loop.run_in_executor(None, rig.broker.sendall, stream)
+        await _wait_for(lambda: not rig.pair.upstream.is_reading(), "the proxy pausing the broker side")
+        high_water = rig.node.config.limits.high_water_bytes
+        assert rig.pair.client.get_write_buffer_size() <= high_water + READ_BUFFER_BYTES
+        assert not sender.done()  # the broker is held back, not buffered in the proxy
+        # The client reads: everything arrives, in order, and the broker gets to send the rest.
+        assert await recv_exactly(rig.client, len(stream)) == stream
+        await sender
+        assert rig.pair.upstream.is_reading() and not recorded
+        rig.close()
+
+    run(scenario)
+
+
+def test_the_broker_closing_between_frames_closes_the_client(run):  # noqa: F811
+    first = frame(1, b"whole response")
+
+    async def scenario(recorded):  # type: ignore[no-untyped-def]
+        rig = await Rig(0, recorded).start()
+        rig.request(1)
+        rig.request(2)  # still waiting for this one when the broker goes away
+        rig.broker.sendall(first)
+        assert await recv_exactly(rig.client, len(first)) == first
+        rig.broker.close()
+        loop = asyncio.get_running_loop()
+        try:
+            rest = await loop.run_in_executor(None, rig.client.recv, 1024)
+        except ConnectionResetError:
+            rest = b""
+        assert rest == b""  # EOF (or reset), within the socket timeout: the client is not left hanging
+        await _wait_for(lambda: rig.pair.closed, "the pair closing")
+        assert rig.pair not in rig.node._pairs
+        rig.client.close()
+
+    run(scenario)
+
+
+def test_the_client_going_away_closes_the_broker_connection(run):  # noqa: F811
+    async def scenario(recorded):  # type: ignore[no-untyped-def]
+        rig = await Rig(0, recorded, real_client=True).start()
+        rig.request(1)
+        rig.client.close()
+        loop = asyncio.get_running_loop()
+        try:
+            rest = await loop.run_in_executor(None, rig.broker.recv, 1024)
+        except ConnectionResetError:
+            rest = b""
+        assert rest == b""  # the broker side sees EOF (or a reset) within the socket timeout
+        assert rig.pair.closed and rig.pair not in rig.node._pairs
+        rig.broker.close()
+
+    run(scenario)
+

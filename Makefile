@@ -30,8 +30,10 @@ lint: setup
 	$(BIN)/lint-imports
 
 # Everything: unit, property, integration (real Kafka), drills, Spark.
+# pytest's exit 5 (no test collected) fails the target like any other non-zero exit.
 test: setup lint
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	@$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; fi; exit $$rc
 
 # The quick subset for a developer loop.
 test-fast: setup

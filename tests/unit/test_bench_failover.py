@@ -7,6 +7,8 @@ import pytest
 from chaos import faults
 from chaos.bench_failover import excess
 
+pytestmark = pytest.mark.unit
+
 
 def test_excess_is_drain_minus_control_per_family_and_percentile():
     drain = {"confluent": {"p50": 80.0, "p99": 230.0, "max": 250.0, "n": 8},

@@ -8,6 +8,8 @@ import pytest
 from chaos import workloads
 from chaos.workloads import CommitRetry, _commit_with_retry, _is_instance
 
+pytestmark = pytest.mark.unit
+
 
 class _Trace:
     def __init__(self) -> None:

@@ -129,3 +129,20 @@ def test_heartbeat_liveness_rules():
     hb.receive(encode(heartbeat_key("x"), "c", b"inc-0001", 1), "127.0.0.3", now=40.0)
     assert hb.live(40.0) == {"a"} and hb.rejected == 3
     assert hb.has_heard("b") and not hb.has_heard("c")
+
+
+def test_syncobj_conf_is_what_the_design_asks_of_pysyncobj():
+    """DESIGN §9: a password (pickle on the wire), the member's own bind address (not 0.0.0.0),
+    no batching (~100 ms per commit), static membership, and the tuned timeouts, not pysyncobj's
+    defaults (leaderFallbackTimeout 30 s, connectionRetryTime 5 s)."""
+    from membership.raft import syncobj_conf
+
+    config = make()
+    conf = syncobj_conf(config)
+    assert conf.password == "pw"
+    assert conf.bindAddress == "127.0.0.11:7001" == config.me.raft_address
+    assert conf.appendEntriesUseBatch is False and conf.dynamicMembershipChange is False
+    assert (conf.raftMinTimeout, conf.raftMaxTimeout) == (config.raft_min_timeout, config.raft_max_timeout)
+    assert conf.connectionTimeout == config.connection_timeout <= 1.0
+    assert conf.connectionRetryTime == config.connection_retry_time <= 0.25
+    assert conf.leaderFallbackTimeout == config.leader_fallback_timeout <= 1.0

@@ -104,9 +104,20 @@ def _spliced_bytes(node: NodeProcess) -> float:
                if line.startswith("kproxy_spliced_bytes_total"))
 
 
+def _machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy (every process, the kernel), since boot."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
 class _Phases:
     """Proxy CPU and bytes forwarded, summed per phase over the proxied runs;
-    what the proxy spent while direct runs went on is kept apart (idle)."""
+    what the proxy spent while direct runs went on is kept apart (idle).
+
+    Per phase and arm (direct, proxied) also the whole machine's busy CPU and wall time over the
+    runs, and the records they moved: how saturated the machine was, and what each arm costs it
+    per GB (a proxied run adds the proxy's CPU and the second hop's kernel work to the same two
+    cores the brokers and the client use)."""
 
     def __init__(self, meter: _ProxyMeter) -> None:
         self.meter = meter
@@ -114,22 +125,45 @@ class _Phases:
         self.bytes: dict[str, float] = {}
         self.idle_cpu = 0.0
         self.idle_s = 0.0
+        self.machine: dict[tuple[str, str], list[float]] = {}  # (phase, arm) -> [busy s, wall s, records]
+
+    def _machine_run(self, phase: str | None, arm: str, fn: Callable[[], dict]) -> dict:
+        busy0, t0 = _machine_busy_s(), time.monotonic()
+        result = fn()
+        if phase is not None:
+            acc = self.machine.setdefault((phase, arm), [0.0, 0.0, 0.0])
+            acc[0] += _machine_busy_s() - busy0
+            acc[1] += time.monotonic() - t0
+            acc[2] += float(result.get("records", 0))
+        return result
 
     def proxied(self, phase: str, fn: Callable[[], dict]) -> dict:
         cpu0, bytes0 = self.meter.sample()
-        result = fn()
+        result = self._machine_run(phase, "proxied", fn)
         cpu1, bytes1 = self.meter.sample()
         self.cpu[phase] = self.cpu.get(phase, 0.0) + cpu1 - cpu0
         self.bytes[phase] = self.bytes.get(phase, 0.0) + bytes1 - bytes0
         return result
 
-    def direct(self, fn: Callable[[], dict]) -> dict:
+    def direct(self, fn: Callable[[], dict], phase: str | None = None) -> dict:
         cpu0, _ = self.meter.sample()
         t0 = time.monotonic()
-        result = fn()
+        result = self._machine_run(phase, "direct", fn)
         self.idle_s += time.monotonic() - t0
         self.idle_cpu += self.meter.sample()[0] - cpu0
         return result
+
+    def machine_report(self, record_bytes: int) -> dict[str, Any]:
+        """Per phase and arm: the machine's busy fraction (of every core) and busy CPU-s per GB."""
+        cores = psutil.cpu_count() or 1
+        out: dict[str, Any] = {}
+        for (phase, arm), (busy, wall, records) in sorted(self.machine.items()):
+            gb = records * record_bytes / 1e9
+            out.setdefault(phase, {})[arm] = {
+                "busy_fraction": round(busy / max(wall * cores, 1e-9), 3),
+                "cpu_s_per_gb": round(busy / max(gb, 1e-9), 3),
+            }
+        return out
 
     def report(self) -> dict[str, Any]:
         def per_gb(cpu: float, forwarded: float) -> float:
@@ -234,7 +268,7 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
                 include = f"bench-{name}-(direct|proxy)-{suffix}"
                 total = 2 * records * rounds
                 direct_fetch = lambda: phases.direct(  # noqa: E731
-                    lambda: consumer_perf(bootstrap, "", total, include=include))
+                    lambda: consumer_perf(bootstrap, "", total, include=include), phase=f"fetch_{short}")
                 proxied_fetch = lambda: phases.proxied(  # noqa: E731
                     f"fetch_{short}", lambda: consumer_perf(proxied_bs, "", total, include=include))
                 if nosplice is None:
@@ -274,6 +308,7 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
         "produce_ratio_by_batching": {k: ratio(f"produce_{k}") for k in ("small_batches", "1mb_batches")},
         "fetch_ratio_by_batching": {k: ratio(f"fetch_{k}") for k in ("small_batches", "1mb_batches")},
         **phases.report(),
+        "machine_by_phase": phases.machine_report(results["record_bytes"]),
         "latency_direct_ms": {"p50": statistics.median(r["p50_ms"] for r in d),
                               "p99": statistics.median(r["p99_ms"] for r in d)},
         "latency_proxy_ms": {"p50": statistics.median(r["p50_ms"] for r in p),

@@ -29,7 +29,13 @@ RTO_BOUND_MS = 30_000  # generous: a killed or drained node is left within a sec
 # Silent faults: clients notice only after their 10 s request timeout, and a frozen node's kernel
 # still accepts reconnections to its address, so two timeouts plus backoff are expected.
 SILENT_RTO_BOUND_MS = 45_000
-SILENT = {"freeze", "partition", "freeze-two"}
+SILENT = {"freeze", "partition"}
+# Two of three nodes frozen: two of the three bootstrap addresses and the stand-ins' shared ports
+# (SO_REUSEPORT splits new connections between the survivor and the frozen listener) still accept
+# connections that never answer, so a client may meet several 10 s timeouts in a row (a CI run saw
+# 51 s for librdkafka, the run before 82 ms). Nothing is lost meanwhile; the bound is liveness only.
+FROZEN_TWO_RTO_BOUND_MS = 120_000
+RTO_BOUNDS_MS = {**{f: SILENT_RTO_BOUND_MS for f in SILENT}, "freeze-two": FROZEN_TWO_RTO_BOUND_MS}
 RATE = 50
 # (fault, client families): every fault with two families, every family in three or four drills.
 CASES = [
@@ -104,8 +110,9 @@ def test_drill(fleet, tmp_path, fault, clients):
     identities rebalanced after the restart (``chaos.faults._cascade``)."""
     fleet.wait_healthy(60)
     seed = _seed(fault)
+    bound_ms = RTO_BOUNDS_MS.get(fault, RTO_BOUND_MS)
     config = DrillConfig(fault=fault, out_dir=tmp_path, repeat=1, clients=parse_clients(clients), rate=RATE,
-                         seed=seed, hold_s=2.0)
+                         seed=seed, hold_s=2.0, recovery_timeout_s=max(60.0, bound_ms / 1000 + 10))
     result = run_drill(config, Target.of_fleet(fleet))
     if result["skipped"]:
         assert fault == "partition", result["reason"]
@@ -121,7 +128,6 @@ def test_drill(fleet, tmp_path, fault, clients):
     assert result["duplicated"] == 0, context
     assert result["recovered"] is True, context
     assert set(result["rto_ms"]) == {c.partition(":")[0] for c in clients.split(",")}, context
-    bound_ms = SILENT_RTO_BOUND_MS if fault in SILENT else RTO_BOUND_MS
     for family, s in result["rto_ms"].items():
         assert s["unrecovered"] == 0 and s["max"] < bound_ms, context
         # Undoing the fault (restart, undrain, SIGCONT) must not stall clients either.

@@ -317,8 +317,5 @@ class LocalFleet:
         self._node(node_id)
         return self._action(f"/undrain/{node_id}")
 
-    def kill_via_admin(self, node_id: str, sig: str = "KILL") -> dict[str, Any]:
-        return self._node(node_id).post("/kill", {"signal": sig}).json()
-
 
 __all__ = ["LocalFleet", "FleetError", "KafkaError"]

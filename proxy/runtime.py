@@ -25,6 +25,7 @@ GRACEFUL_DRAIN_S = 5.0
 
 log = logging.getLogger("kproxy.runtime")
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP, "TERM": signal.SIGTERM}
+KILL_DELAY_S = 0.1  # POST /kill: the answer goes out first
 
 
 class NodeRuntime:
@@ -73,8 +74,9 @@ class NodeRuntime:
         if name not in SIGNALS:
             raise ValueError(f"signal must be one of {sorted(SIGNALS)}")
         assert self.loop is not None
-        self.loop.call_soon_threadsafe(os.kill, os.getpid(), SIGNALS[name])
-        return {"node": self.node_id, "signal": name}
+        # A moment later, so that this answer reaches the caller before the node dies or stops.
+        self.loop.call_soon_threadsafe(self.loop.call_later, KILL_DELAY_S, os.kill, os.getpid(), SIGNALS[name])
+        return {"node": self.node_id, "signal": name, "in_s": KILL_DELAY_S}
 
     def _drain(self, body: dict[str, Any]) -> dict[str, Any]:
         target = str(body.get("node", self.node_id))

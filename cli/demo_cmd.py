@@ -48,7 +48,6 @@ def demo(state_dir: str, out_dir: str, clients: str) -> None:
         phases: list[str] = []
 
         def show_failover(step: dict) -> None:  # the victim is down, its identities have moved
-            phases.append("failover")
             console.print(Rule(f"3a. kproxy cluster status ({step['node']} killed: its identities on the "
                                "survivors, epoch + 1, clients recovered)"))
             view = fleet.fleet_view()

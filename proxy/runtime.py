@@ -54,7 +54,7 @@ class NodeRuntime:
         book = self.proxy.book
         data.update({"epoch": book.epoch, "assignment": {str(k): v for k, v in sorted(book.owners.items())},
                      "role": "standalone", "term": 0, "leader": self.node_id, "has_quorum": True,
-                     "pid": os.getpid(), "ready": self.ready,
+                     "pid": os.getpid(), "ready": self.ready and not data["unbound"],
                      # Where every node of the fleet answers: `cluster --admin URL` needs only one.
                      "admin_endpoints": {n.id: f"http://{_url_host(n.host)}:{n.admin_port}" for n in self.config.nodes
                                          if n.admin_port is not None}})
@@ -68,6 +68,10 @@ class NodeRuntime:
             data["assignment"] = {str(k): v for k, v in sorted(book.owners.items())}
             data["epoch"] = book.epoch
         return data
+
+    def _ready(self) -> bool:
+        """Serving, and a listener for every known broker (a port taken by someone else is not)."""
+        return self.ready and not self._call_in_loop(lambda: self.proxy.unbound)
 
     def _kill(self, body: dict[str, Any]) -> dict[str, Any]:
         name = str(body.get("signal", "KILL")).upper()
@@ -112,7 +116,7 @@ class NodeRuntime:
         if self.local.admin_port is not None:
             self.admin = AdminServer(
                 self.local.host, self.local.admin_port, token=self.config.admin_token, status=self.status,
-                metrics=self.proxy.metrics.render, ready=lambda: self.ready,
+                metrics=self.proxy.metrics.render, ready=self._ready,
                 actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain})
             self.admin.start()
         self.ready = True

@@ -738,11 +738,18 @@ class ProxyNode:
         if not pair.closed:
             pair.close("identity moved: drain deadline reached", level=logging.WARNING)
 
+    @property
+    def unbound(self) -> list[int]:
+        """Known brokers whose listener could not be bound yet (never advertised meanwhile;
+        every refresh tries again). A node with any is not ready."""
+        return sorted(set(self.brokers) - self.book.bound)
+
     def status(self) -> dict:
         return {
             "node": self.local.id,
             "bootstrap": self.bootstrap_address,
             "listeners": sorted(k for k in self._servers if k != BOOTSTRAP),
+            "unbound": self.unbound,
             "standing_in": self.takeover_addresses,
             "connections": len(self._pairs),
             "draining": self.draining,

@@ -1,7 +1,8 @@
-"""Upstream discovery survives a listener that cannot be bound: an in-process proxy node
-(127.0.0.24) in front of the real session cluster, with one broker's port taken by another
-socket. That broker stays unadvertised, a client whose Metadata names it is closed (never left
-hanging), the other listeners serve, and once the port is free the periodic refresh binds it."""
+"""Upstream discovery survives a listener that cannot be bound: a proxy node in front of the
+real session cluster, with one broker's port taken by another socket. That broker stays
+unadvertised, a client whose Metadata names it is closed (never left hanging), the other
+listeners serve, the node says it is not ready, and once the port is free the periodic refresh
+binds it. In process (127.0.0.24) for the data path, as `kproxy run` (127.0.0.25) for readiness."""
 
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ def test_a_listener_that_cannot_bind_closes_its_clients_and_is_bound_by_a_later_
     try:
         with NodeThread(config) as node:
             assert set(node.book.bound) == set(broker_ids) - {blocked}
+            assert node.unbound == [blocked] and node.status()["unbound"] == [blocked]
             # The response names a broker without a listener: closed, not hung, not leaked.
             assert metadata(BOOTSTRAP_PORT) is None
             # Another broker's listener still forwards to its broker.
@@ -79,3 +81,44 @@ def test_a_listener_that_cannot_bind_closes_its_clients_and_is_bound_by_a_later_
                 (b, HOST, BASE + b) for b in broker_ids]
     finally:
         blocker.close()
+
+
+def _wait_readyz(node, code: int) -> None:  # type: ignore[no-untyped-def]
+    import httpx
+
+    deadline = time.monotonic() + DEADLINE_S
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = node.get("/readyz", timeout=1.0).status_code
+        except httpx.HTTPError as exc:
+            last = repr(exc)
+        if last == code:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"/readyz never answered {code} within {DEADLINE_S} s (last: {last})")
+
+
+def test_kproxy_run_is_not_ready_while_a_listener_cannot_bind(kafka_cluster, tmp_path):
+    from chaos.proxies import NodeProcess, fleet_config
+
+    host, admin_port = "127.0.0.25", 9200  # below the broker ports' window (BASE and up)
+    blocked = sorted(kafka_cluster.pids)[0]
+    cfg = fleet_config(tmp_path / "node.toml", kafka_cluster.bootstrap, 1, first_ip=25, fleet=False,
+                       port_base=BASE, admin_port=admin_port, extra={"upstream": {"refresh_interval_s": 0.5}})
+    blocker = socket.socket()
+    blocker.bind((host, BASE + blocked))
+    blocker.listen()
+    node = NodeProcess(cfg, "p1", host, admin_port, tmp_path / "p1.log").start()
+    try:
+        _wait_readyz(node, 503)
+        status = node.get("/status").json()
+        assert status["unbound"] == [blocked] and status["ready"] is False
+        assert "listener bind failed" in node.log_path.read_text()
+        blocker.close()
+        _wait_readyz(node, 200)
+        assert node.get("/status").json()["unbound"] == []
+    finally:
+        blocker.close()
+        node.stop()
+

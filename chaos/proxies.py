@@ -21,6 +21,8 @@ import httpx
 import psutil
 import tomli_w
 
+from proxy.config import http_url
+
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP, "CONT": signal.SIGCONT, "TERM": signal.SIGTERM}
 BOOTSTRAP_PORT = 9092
 PORT_BASE = 9100  # broker B is served on 9100 + B by every node
@@ -114,8 +116,7 @@ class AdminEndpoint:
 
     @property
     def admin_url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.admin_port}"
+        return http_url(self.host, self.admin_port)
 
     def token(self) -> str:
         if not self._token:

@@ -79,6 +79,11 @@ class HostPort:
         return f"{self.host}:{self.port}"
 
 
+def http_url(host: str, port: int) -> str:
+    """``http://host:port``, an IPv6 host in brackets (a node's admin endpoint)."""
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 @attrs.frozen
 class NodeConfig:
     id: str

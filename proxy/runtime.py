@@ -18,7 +18,7 @@ from typing import Any
 import uvloop
 
 from proxy.admin import AdminServer
-from proxy.config import Config
+from proxy.config import Config, http_url
 from proxy.server import ProxyNode
 
 GRACEFUL_DRAIN_S = 5.0
@@ -56,7 +56,7 @@ class NodeRuntime:
                      "role": "standalone", "term": 0, "leader": self.node_id, "has_quorum": True,
                      "pid": os.getpid(), "ready": self.ready and not data["unbound"],
                      # Where every node of the fleet answers: `cluster --admin URL` needs only one.
-                     "admin_endpoints": {n.id: f"http://{_url_host(n.host)}:{n.admin_port}" for n in self.config.nodes
+                     "admin_endpoints": {n.id: http_url(n.host, n.admin_port) for n in self.config.nodes
                                          if n.admin_port is not None}})
         if self.link is not None:
             member = self.link.status()
@@ -170,7 +170,3 @@ class NodeRuntime:
 
 def run(config: Config, node_id: str) -> None:
     uvloop.run(NodeRuntime(config, node_id).serve())
-
-
-def _url_host(host: str) -> str:
-    return f"[{host}]" if ":" in host else host

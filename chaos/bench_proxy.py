@@ -21,6 +21,13 @@ shared and noisy, so only ratios measured in one run mean anything):
   rate, proxied minus direct);
 * the cost of rewriting a Metadata response at 100 … 50,000 partitions.
 
+With ``relay`` (the default when the bench starts its own Kafka), the fetch
+phases get a baseline arm: the same consumer through ``chaos.relay``, a
+Kafka-unaware splice(2) relay (blocking threads, 1 MiB pipes: the cheapest hop a
+user-space proxy can be; the brokers advertise it on a second listener). Its
+ratio to direct is the most any proxy with a TCP hop can reach on this machine;
+``fetch_vs_relay`` is what kproxy keeps of it.
+
 With ``compare_splice``, a second proxy process with splice(2) off
 (``limits.splice_min_bytes = 0``; same address, other ports) joins the fetch
 phases as a third arm, alternating with the first (proxy.splice): fetch
@@ -32,6 +39,8 @@ from __future__ import annotations
 import os
 import re
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -41,7 +50,7 @@ from typing import Any, Callable
 import psutil
 
 from chaos.clients import kafka_tool
-from chaos.kafka_cluster import KafkaCluster, free_base_port
+from chaos.kafka_cluster import KafkaCluster, free_base_port, port_free
 from chaos.proxies import NodeProcess, fleet_config
 
 _PRODUCER_SUMMARY = re.compile(
@@ -189,25 +198,93 @@ def _alternate(rounds: int, direct: Callable[[], dict], proxied: Callable[[], di
     return d, p
 
 
-def _alternate3(rounds: int, direct: Callable[[], dict], proxied: Callable[[], dict],
-                other: Callable[[], dict]) -> tuple[list, list, list]:
-    """direct, then the two proxies in turn (which goes first swaps every round)."""
-    d, p, o = [], [], []
+def _alternate_arms(rounds: int, direct: Callable[[], dict], others: dict[str, Callable[[], dict]]
+                    ) -> tuple[list, dict[str, list]]:
+    """Each round: direct, then the other arms in turn, their order rotated by one every round
+    (with two, which goes first swaps), so no arm always follows the same one."""
+    d: list = []
+    out: dict[str, list] = {name: [] for name in others}
+    names = list(others)
     for i in range(rounds):
         d.append(direct())
-        if i % 2:
-            o.append(other())
-            p.append(proxied())
-        else:
-            p.append(proxied())
-            o.append(other())
-    return d, p, o
+        k = i % len(names) if names else 0
+        for name in names[k:] + names[:k]:
+            out[name].append(others[name]())
+    return d, out
+
+
+class RelayProcess:
+    """``python -m chaos.relay`` in front of the brokers' RELAY listeners; stopped by its PID."""
+
+    def __init__(self, cluster: KafkaCluster, log_path: Path) -> None:
+        assert cluster.relay_host is not None
+        self.host = cluster.relay_host
+        self.routes = [(f"{self.host}:{s.relay_port}", f"{s.host}:{s.relay_port}") for s in cluster.specs]
+        self.bootstrap = ",".join(listen for listen, _ in self.routes)
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 30.0) -> "RelayProcess":
+        for listen, _ in self.routes:
+            host, port = listen.rsplit(":", 1)
+            if not port_free(host, int(port)):
+                raise RuntimeError(f"relay address {listen} is taken")
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "chaos.relay", "--max-seconds", "14400",
+                                          *[f"{a}={b}" for a, b in self.routes]],
+                                         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout
+        while any(port_free(*_split(listen)) for listen, _ in self.routes):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"the relay did not start: {self.log_path.read_text()[-1000:]}")
+            time.sleep(0.05)
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def _split(address: str) -> tuple[str, int]:
+    host, port = address.rsplit(":", 1)
+    return host, int(port)
+
+
+class _CpuByPhase:
+    """CPU seconds of one process and payload bytes read through it, summed per phase."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.cpu: dict[str, float] = {}
+        self.payload: dict[str, float] = {}
+
+    def run(self, phase: str, payload_bytes: float, fn: Callable[[], dict]) -> dict:
+        t0 = self.proc.cpu_times()
+        result = fn()
+        t1 = self.proc.cpu_times()
+        self.cpu[phase] = self.cpu.get(phase, 0.0) + (t1.user + t1.system) - (t0.user + t0.system)
+        self.payload[phase] = self.payload.get(phase, 0.0) + payload_bytes
+        return result
+
+    def per_gb(self) -> dict[str, float]:
+        return {k: round(self.cpu[k] / max(self.payload[k] / 1e9, 1e-9), 3) for k in self.cpu}
 
 
 def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2, fetch_rounds: int | None = None,
         partitions: tuple[int, ...] = (100, 1000, 10_000, 50_000), progress: Callable[[str], None] = print,
         proxy_ip: str = "127.0.0.31", fetch_max_version: int | None = None, splice_min_bytes: int | None = None,
-        compare_splice: bool = False) -> dict[str, Any]:
+        compare_splice: bool = False, relay: bool = True) -> dict[str, Any]:
     from proxy.bench_rewrite import bench_metadata_rewrite
 
     fetch_rounds = fetch_rounds or 2 * rounds
@@ -215,13 +292,23 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
 
     with tempfile.TemporaryDirectory(prefix="kproxy-bench-") as tmp:
         cluster = None
+        relay_ip = ".".join(proxy_ip.split(".")[:3] + [str(int(proxy_ip.split(".")[-1]) + 2)])
         if bootstrap is None:
             base = free_base_port(3)
             progress("starting a local 3-broker Kafka")
-            cluster = KafkaCluster(Path(tmp) / "kafka", 3, base_port=base).start()
+            cluster = KafkaCluster(Path(tmp) / "kafka", 3, base_port=base,
+                                   relay_host=relay_ip if relay else None).start()
             bootstrap = cluster.bootstrap_servers
+        elif relay:
+            progress("no relay baseline with --bootstrap (it needs brokers that advertise the relay)")
+            relay = False
         nosplice = None
+        relay_proc: RelayProcess | None = None
         try:
+            if relay:
+                assert cluster is not None
+                relay_proc = RelayProcess(cluster, Path(tmp) / "relay.log").start()
+                relay_cpu = _CpuByPhase(relay_proc.pid)
             limits: dict[str, int] = {}
             if fetch_max_version:
                 limits["fetch_max_version"] = fetch_max_version
@@ -269,17 +356,22 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
                 total = 2 * records * rounds
                 direct_fetch = lambda: phases.direct(  # noqa: E731
                     lambda: consumer_perf(bootstrap, "", total, include=include), phase=f"fetch_{short}")
-                proxied_fetch = lambda: phases.proxied(  # noqa: E731
-                    f"fetch_{short}", lambda: consumer_perf(proxied_bs, "", total, include=include))
-                if nosplice is None:
-                    d, p = _alternate(fetch_rounds, direct_fetch, proxied_fetch)
-                else:
-                    d, p, o = _alternate3(fetch_rounds, direct_fetch, proxied_fetch,
-                                          lambda: nosplice_phases.proxied(f"fetch_{short}", lambda: consumer_perf(
-                                              f"{proxy_ip}:9093", "", total, include=include)))
-                    results[f"fetch_{name}_nosplice"] = {"proxy_mb_s": [r["mb_per_s"] for r in o]}
+                others: dict[str, Callable[[], dict]] = {"proxy": lambda: phases.proxied(
+                    f"fetch_{short}", lambda: consumer_perf(proxied_bs, "", total, include=include))}
+                if nosplice is not None:
+                    others["nosplice"] = lambda: nosplice_phases.proxied(f"fetch_{short}", lambda: consumer_perf(
+                        f"{proxy_ip}:9093", "", total, include=include))
+                if relay_proc is not None:
+                    relay_bs = relay_proc.bootstrap
+                    others["relay"] = lambda: relay_cpu.run(f"fetch_{short}", total * 1024, lambda: consumer_perf(
+                        relay_bs, "", total, include=include))
+                d, arms = _alternate_arms(fetch_rounds, direct_fetch, others)
+                if nosplice is not None:
+                    results[f"fetch_{name}_nosplice"] = {"proxy_mb_s": [r["mb_per_s"] for r in arms["nosplice"]]}
+                if relay_proc is not None:
+                    results[f"fetch_{name}_relay"] = {"relay_mb_s": [r["mb_per_s"] for r in arms["relay"]]}
                 results[f"fetch_{name}"] = {"direct_mb_s": [r["mb_per_s"] for r in d],
-                                            "proxy_mb_s": [r["mb_per_s"] for r in p]}
+                                            "proxy_mb_s": [r["mb_per_s"] for r in arms["proxy"]]}
             progress("produce latency at 2,000 records/s")
             lat_topic = f"bench-latency-{uuid.uuid4().hex[:6]}"
             kafka_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap, "--create",
@@ -291,6 +383,8 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
             if nosplice is not None:
                 nosplice.stop()
         finally:
+            if relay_proc is not None:
+                relay_proc.stop()
             if nosplice is not None and nosplice.alive():
                 nosplice.stop()
             if cluster is not None:
@@ -336,6 +430,24 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
             "splice_fetch_cpu_s_per_gb": round(sum(fetch_cpu.values()) / max(sum(fetch_gb.values()) / 1e9, 1e-9), 3),
             "nosplice_fetch_cpu_s_per_gb": without["proxy_cpu_s_per_gb"],
         }
+    if relay:
+        # The baseline hop: the relay's throughput ratio is the most a proxy can reach here;
+        # fetch_vs_relay is kproxy's throughput over the relay's (medians, same runs).
+        # Both fetched the same records in as many runs: CPU per payload GB compares them.
+        med = statistics.median
+        results["relay"] = {
+            "fetch_ratio_by_batching": {
+                k: round(med(results[f"fetch_{k}_relay"]["relay_mb_s"]) / med(results[f"fetch_{k}"]["direct_mb_s"]), 3)
+                for k in ("small_batches", "1mb_batches")},
+            "fetch_vs_relay_by_batching": {
+                k: round(med(results[f"fetch_{k}"]["proxy_mb_s"]) / med(results[f"fetch_{k}_relay"]["relay_mb_s"]), 3)
+                for k in ("small_batches", "1mb_batches")},
+            "relay_cpu_s_per_payload_gb_by_phase": relay_cpu.per_gb(),
+            "proxy_cpu_s_per_payload_gb_by_phase": {
+                k: round(phases.cpu[k] / max(relay_cpu.payload[k] / 1e9, 1e-9), 3) for k in relay_cpu.payload},
+        }
+        results["fetch_ratio_relay"] = min(results["relay"]["fetch_ratio_by_batching"].values())
+        results["fetch_vs_relay"] = min(results["relay"]["fetch_vs_relay_by_batching"].values())
     results["latency_added_ms"] = {q: round(results["latency_proxy_ms"][q] - results["latency_direct_ms"][q], 2)
                                    for q in ("p50", "p99")}
     results["targets"] = {

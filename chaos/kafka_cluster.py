@@ -82,6 +82,10 @@ class KafkaError(RuntimeError):
     """The local cluster could not be started, found or stopped (message says why)."""
 
 
+# A broker's RELAY listener (see KafkaCluster's relay_host) listens on its port plus this.
+RELAY_PORT_OFFSET = 200
+
+
 @attrs.frozen
 class BrokerSpec:
     id: int
@@ -93,6 +97,11 @@ class BrokerSpec:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def relay_port(self) -> int:
+        """The port of the optional RELAY listener (``KafkaCluster(relay_host=...)``)."""
+        return self.port + RELAY_PORT_OFFSET
 
 
 def ensure_jars() -> Path:
@@ -168,13 +177,14 @@ def port_free(host: str, port: int) -> bool:
 
 
 def free_base_port(brokers: int = 3, *, host: str = DEFAULT_HOST, seed: int | None = None) -> int:
-    """A ``base_port`` whose broker (base+i) and controller (base+100+i) ports are all free."""
+    """A ``base_port`` whose broker (base+i), controller (base+100+i) and relay listener (base+200+i)
+    ports are all free."""
     import random
 
     rng = random.Random(seed)
     for _ in range(200):
         base = rng.randrange(20000, 39000)
-        if all(port_free(host, base + off + i) for off in (0, 100) for i in range(brokers)):
+        if all(port_free(host, base + off + i) for off in (0, 100, RELAY_PORT_OFFSET) for i in range(brokers)):
             return base
     raise KafkaError("no free port range found for a local Kafka cluster")
 
@@ -198,13 +208,19 @@ class KafkaCluster:
         host: str = DEFAULT_HOST,
         base_port: int = DEFAULT_BASE_PORT,
         racks: list[str] | None = None,
+        relay_host: str | None = None,
     ) -> None:
+        """``relay_host``: also give each broker a second listener, RELAY, on ``host:port+200``
+        advertised at ``relay_host:port+200``, for a relay in front of it (chaos.relay: the
+        bench's baseline hop). A client that bootstraps through the relay is then told the
+        relay's addresses; the PLAINTEXT listener and its clients are unchanged."""
         if brokers < 1:
             raise KafkaError("brokers must be at least 1")
         if racks is not None and len(racks) != brokers:
             raise KafkaError(f"racks: {len(racks)} given for {brokers} brokers")
         self.state_dir = Path(state_dir).resolve()
         self.host = host
+        self.relay_host = relay_host
         self.specs = [
             BrokerSpec(
                 id=i,
@@ -244,6 +260,7 @@ class KafkaCluster:
             "cluster_id": self.cluster_id,
             "kafka_version": kafka_version(),
             "state_dir": str(self.state_dir),
+            "relay_host": self.relay_host,
             "brokers": [
                 {
                     "id": s.id,
@@ -270,7 +287,7 @@ class KafkaCluster:
             raise KafkaError(f"no local Kafka cluster in {Path(state_dir)} (missing {path.name})")
         data = json.loads(path.read_text())
         brokers = data["brokers"]
-        self = cls(state_dir, len(brokers), host=brokers[0]["host"])
+        self = cls(state_dir, len(brokers), host=brokers[0]["host"], relay_host=data.get("relay_host"))
         self.specs = [
             BrokerSpec(b["id"], b["host"], b["port"], b["controller_port"], b.get("rack")) for b in brokers
         ]
@@ -287,15 +304,22 @@ class KafkaCluster:
         (d / "data").mkdir(parents=True, exist_ok=True)
         voters = ",".join(f"{o.id}@{o.host}:{o.controller_port}" for o in self.specs)
         rf = min(3, len(self.specs))
+        listeners = f"PLAINTEXT://{s.host}:{s.port},CONTROLLER://{s.host}:{s.controller_port}"
+        advertised = f"PLAINTEXT://{s.host}:{s.port}"
+        protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+        if self.relay_host:
+            listeners += f",RELAY://{s.host}:{s.relay_port}"
+            advertised += f",RELAY://{self.relay_host}:{s.relay_port}"
+            protocols += ",RELAY:PLAINTEXT"
         props = {
             "process.roles": "broker,controller",
             "node.id": s.id,
             "controller.quorum.voters": voters,
-            "listeners": f"PLAINTEXT://{s.host}:{s.port},CONTROLLER://{s.host}:{s.controller_port}",
-            "advertised.listeners": f"PLAINTEXT://{s.host}:{s.port}",
+            "listeners": listeners,
+            "advertised.listeners": advertised,
             "controller.listener.names": "CONTROLLER",
             "inter.broker.listener.name": "PLAINTEXT",
-            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "listener.security.protocol.map": protocols,
             "log.dirs": d / "data",
             "num.network.threads": 2,
             "num.io.threads": 2,

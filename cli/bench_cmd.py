@@ -23,21 +23,24 @@ def bench() -> None:
               help="Proxy's limits.splice_min_bytes (default: the proxy default; 0: never splice).")
 @click.option("--compare-splice", is_flag=True,
               help="Fetch phases also through a second proxy with splice off (third arm, alternating).")
+@click.option("--relay/--no-relay", default=True, show_default=True,
+              help="Fetch phases also through a Kafka-unaware splice relay (chaos.relay): the baseline hop. "
+                   "Needs the bench's own Kafka (ignored with --bootstrap).")
 @click.option("--json", "as_json", is_flag=True)
 def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_max_version: int | None,
-                splice_min_bytes: int | None, compare_splice: bool, as_json: bool) -> None:
+                splice_min_bytes: int | None, compare_splice: bool, relay: bool, as_json: bool) -> None:
     """Throughput, CPU/GB, added latency and Metadata rewrite cost: proxy vs direct."""
     from chaos.bench_proxy import run
 
     console = Console(stderr=True)
     results = run(bootstrap, records=records, rounds=rounds, fetch_max_version=fetch_max_version,
-                  splice_min_bytes=splice_min_bytes, compare_splice=compare_splice,
+                  splice_min_bytes=splice_min_bytes, compare_splice=compare_splice, relay=relay,
                   progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
     if as_json:
         click.echo(json.dumps(results, indent=2))
         return
     for key in ("produce_ratio", "fetch_ratio", "proxy_cpu_s_per_gb", "latency_added_ms", "metadata_rewrite_us",
-                "targets", "spliced_gb", "nosplice"):
+                "targets", "spliced_gb", "nosplice", "fetch_ratio_relay", "fetch_vs_relay", "relay"):
         if key in results:
             click.echo(f"{key}: {results[key]}")
 

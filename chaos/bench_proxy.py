@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -119,36 +120,84 @@ def _machine_busy_s() -> float:
     return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
+def _children_cpu_s() -> float:
+    """CPU seconds of this process' children that ended and were waited for (the client tools' JVMs)."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _cpu_s(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            t = proc.cpu_times()
+        except psutil.Error:  # gone: counts nothing from here on
+            continue
+        total += t.user + t.system
+    return total
+
+
+class _Machine:
+    """Per phase and arm (direct, proxied, relay …): the whole machine's busy CPU and wall time over
+    the runs, the records they moved, and who spent the CPU: the client tool's JVM, the brokers,
+    the hop (the proxy or the relay process; none for direct). How saturated the machine was, and
+    what each arm costs it per GB: a hop adds its own CPU and the second TCP hop's kernel work to
+    the same two cores the brokers and the client use."""
+
+    FIELDS = ("busy", "wall", "records", "client", "brokers", "hop")
+
+    def __init__(self, broker_pids: list[int]) -> None:
+        self.brokers = [psutil.Process(pid) for pid in broker_pids]
+        self.acc: dict[tuple[str, str], list[float]] = {}
+
+    def run(self, phase: str | None, arm: str, fn: Callable[[], dict], hop: psutil.Process | None = None) -> dict:
+        if phase is None:
+            return fn()
+        before = (_machine_busy_s(), time.monotonic(), _children_cpu_s(), _cpu_s(self.brokers),
+                  _cpu_s([hop]) if hop else 0.0)
+        result = fn()
+        after = (_machine_busy_s(), time.monotonic(), _children_cpu_s(), _cpu_s(self.brokers),
+                 _cpu_s([hop]) if hop else 0.0)
+        acc = self.acc.setdefault((phase, arm), [0.0] * len(self.FIELDS))
+        busy, wall, client, brokers, hop_cpu = (a - b for a, b in zip(after, before))
+        for i, v in enumerate((busy, wall, float(result.get("records", 0)), client, brokers, hop_cpu)):
+            acc[i] += v
+        return result
+
+    def report(self, record_bytes: int) -> dict[str, Any]:
+        """Per phase and arm: the machine's busy fraction (of every core), busy CPU-s per payload GB,
+        and the client's, brokers' and hop's CPU-s per payload GB."""
+        cores = psutil.cpu_count() or 1
+        out: dict[str, Any] = {}
+        for (phase, arm), (busy, wall, records, client, brokers, hop) in sorted(self.acc.items()):
+            gb = max(records * record_bytes / 1e9, 1e-9)
+            row = {"busy_fraction": round(busy / max(wall * cores, 1e-9), 3), "cpu_s_per_gb": round(busy / gb, 3),
+                   "client_cpu_s_per_gb": round(client / gb, 3)}
+            if self.brokers:
+                row["brokers_cpu_s_per_gb"] = round(brokers / gb, 3)
+            if arm != "direct":
+                row["hop_cpu_s_per_gb"] = round(hop / gb, 3)
+            out.setdefault(phase, {})[arm] = row
+        return out
+
+
 class _Phases:
     """Proxy CPU and bytes forwarded, summed per phase over the proxied runs;
     what the proxy spent while direct runs went on is kept apart (idle).
+    Every run is also measured by the shared :class:`_Machine` (under ``arm``, or "direct")."""
 
-    Per phase and arm (direct, proxied) also the whole machine's busy CPU and wall time over the
-    runs, and the records they moved: how saturated the machine was, and what each arm costs it
-    per GB (a proxied run adds the proxy's CPU and the second hop's kernel work to the same two
-    cores the brokers and the client use)."""
-
-    def __init__(self, meter: _ProxyMeter) -> None:
+    def __init__(self, meter: _ProxyMeter, machine: _Machine, arm: str = "proxied") -> None:
         self.meter = meter
+        self.machine = machine
+        self.arm = arm
         self.cpu: dict[str, float] = {}
         self.bytes: dict[str, float] = {}
         self.idle_cpu = 0.0
         self.idle_s = 0.0
-        self.machine: dict[tuple[str, str], list[float]] = {}  # (phase, arm) -> [busy s, wall s, records]
-
-    def _machine_run(self, phase: str | None, arm: str, fn: Callable[[], dict]) -> dict:
-        busy0, t0 = _machine_busy_s(), time.monotonic()
-        result = fn()
-        if phase is not None:
-            acc = self.machine.setdefault((phase, arm), [0.0, 0.0, 0.0])
-            acc[0] += _machine_busy_s() - busy0
-            acc[1] += time.monotonic() - t0
-            acc[2] += float(result.get("records", 0))
-        return result
 
     def proxied(self, phase: str, fn: Callable[[], dict]) -> dict:
         cpu0, bytes0 = self.meter.sample()
-        result = self._machine_run(phase, "proxied", fn)
+        result = self.machine.run(phase, self.arm, fn, hop=self.meter.proc)
         cpu1, bytes1 = self.meter.sample()
         self.cpu[phase] = self.cpu.get(phase, 0.0) + cpu1 - cpu0
         self.bytes[phase] = self.bytes.get(phase, 0.0) + bytes1 - bytes0
@@ -157,22 +206,10 @@ class _Phases:
     def direct(self, fn: Callable[[], dict], phase: str | None = None) -> dict:
         cpu0, _ = self.meter.sample()
         t0 = time.monotonic()
-        result = self._machine_run(phase, "direct", fn)
+        result = self.machine.run(phase, "direct", fn)
         self.idle_s += time.monotonic() - t0
         self.idle_cpu += self.meter.sample()[0] - cpu0
         return result
-
-    def machine_report(self, record_bytes: int) -> dict[str, Any]:
-        """Per phase and arm: the machine's busy fraction (of every core) and busy CPU-s per GB."""
-        cores = psutil.cpu_count() or 1
-        out: dict[str, Any] = {}
-        for (phase, arm), (busy, wall, records) in sorted(self.machine.items()):
-            gb = records * record_bytes / 1e9
-            out.setdefault(phase, {})[arm] = {
-                "busy_fraction": round(busy / max(wall * cores, 1e-9), 3),
-                "cpu_s_per_gb": round(busy / max(gb, 1e-9), 3),
-            }
-        return out
 
     def report(self) -> dict[str, Any]:
         def per_gb(cpu: float, forwarded: float) -> float:
@@ -261,26 +298,6 @@ def _split(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class _CpuByPhase:
-    """CPU seconds of one process and payload bytes read through it, summed per phase."""
-
-    def __init__(self, pid: int) -> None:
-        self.proc = psutil.Process(pid)
-        self.cpu: dict[str, float] = {}
-        self.payload: dict[str, float] = {}
-
-    def run(self, phase: str, payload_bytes: float, fn: Callable[[], dict]) -> dict:
-        t0 = self.proc.cpu_times()
-        result = fn()
-        t1 = self.proc.cpu_times()
-        self.cpu[phase] = self.cpu.get(phase, 0.0) + (t1.user + t1.system) - (t0.user + t0.system)
-        self.payload[phase] = self.payload.get(phase, 0.0) + payload_bytes
-        return result
-
-    def per_gb(self) -> dict[str, float]:
-        return {k: round(self.cpu[k] / max(self.payload[k] / 1e9, 1e-9), 3) for k in self.cpu}
-
-
 def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2, fetch_rounds: int | None = None,
         partitions: tuple[int, ...] = (100, 1000, 10_000, 50_000), progress: Callable[[str], None] = print,
         proxy_ip: str = "127.0.0.31", fetch_max_version: int | None = None, splice_min_bytes: int | None = None,
@@ -304,11 +321,12 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
             relay = False
         nosplice = None
         relay_proc: RelayProcess | None = None
+        machine = _Machine(list(cluster.pids.values()) if cluster is not None else [])
         try:
             if relay:
                 assert cluster is not None
                 relay_proc = RelayProcess(cluster, Path(tmp) / "relay.log").start()
-                relay_cpu = _CpuByPhase(relay_proc.pid)
+                relay_ps = psutil.Process(relay_proc.pid)
             limits: dict[str, int] = {}
             if fetch_max_version:
                 limits["fetch_max_version"] = fetch_max_version
@@ -320,14 +338,14 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
             node = NodeProcess(cfg, "p1", proxy_ip, 9400, Path(tmp) / "p1.log").start()
             node.wait_ready(60)
             proxied_bs = f"{proxy_ip}:9092"
-            phases = _Phases(_ProxyMeter(node))
+            phases = _Phases(_ProxyMeter(node), machine)
             if compare_splice:  # the same proxy without splice, on other ports of the same address
                 cfg2 = fleet_config(Path(tmp) / "nosplice.toml", bootstrap.split(","), 1, first_ip=first_ip,
                                     fleet=False, log_format="json", bootstrap_port=9093, port_base=9600,
                                     admin_port=9401, extra={"limits": {**limits, "splice_min_bytes": 0}})
                 nosplice = NodeProcess(cfg2, "p1", proxy_ip, 9401, Path(tmp) / "p1-nosplice.log").start()
                 nosplice.wait_ready(60)
-                nosplice_phases = _Phases(_ProxyMeter(nosplice))
+                nosplice_phases = _Phases(_ProxyMeter(nosplice), machine, arm="nosplice")
             results: dict[str, Any] = {"records": records, "record_bytes": 1024, "rounds": rounds,
                                        "fetch_rounds": fetch_rounds,
                                        "fetch_records_per_run": 2 * records * rounds,
@@ -363,8 +381,8 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
                         f"{proxy_ip}:9093", "", total, include=include))
                 if relay_proc is not None:
                     relay_bs = relay_proc.bootstrap
-                    others["relay"] = lambda: relay_cpu.run(f"fetch_{short}", total * 1024, lambda: consumer_perf(
-                        relay_bs, "", total, include=include))
+                    others["relay"] = lambda: machine.run(f"fetch_{short}", "relay", lambda: consumer_perf(
+                        relay_bs, "", total, include=include), hop=relay_ps)
                 d, arms = _alternate_arms(fetch_rounds, direct_fetch, others)
                 if nosplice is not None:
                     results[f"fetch_{name}_nosplice"] = {"proxy_mb_s": [r["mb_per_s"] for r in arms["nosplice"]]}
@@ -402,7 +420,7 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
         "produce_ratio_by_batching": {k: ratio(f"produce_{k}") for k in ("small_batches", "1mb_batches")},
         "fetch_ratio_by_batching": {k: ratio(f"fetch_{k}") for k in ("small_batches", "1mb_batches")},
         **phases.report(),
-        "machine_by_phase": phases.machine_report(results["record_bytes"]),
+        "machine_by_phase": machine.report(results["record_bytes"]),
         "latency_direct_ms": {"p50": statistics.median(r["p50_ms"] for r in d),
                               "p99": statistics.median(r["p99_ms"] for r in d)},
         "latency_proxy_ms": {"p50": statistics.median(r["p50_ms"] for r in p),
@@ -433,7 +451,6 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
     if relay:
         # The baseline hop: the relay's throughput ratio is the most a proxy can reach here;
         # fetch_vs_relay is kproxy's throughput over the relay's (medians, same runs).
-        # Both fetched the same records in as many runs: CPU per payload GB compares them.
         med = statistics.median
         results["relay"] = {
             "fetch_ratio_by_batching": {
@@ -442,9 +459,10 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
             "fetch_vs_relay_by_batching": {
                 k: round(med(results[f"fetch_{k}"]["proxy_mb_s"]) / med(results[f"fetch_{k}_relay"]["relay_mb_s"]), 3)
                 for k in ("small_batches", "1mb_batches")},
-            "relay_cpu_s_per_payload_gb_by_phase": relay_cpu.per_gb(),
-            "proxy_cpu_s_per_payload_gb_by_phase": {
-                k: round(phases.cpu[k] / max(relay_cpu.payload[k] / 1e9, 1e-9), 3) for k in relay_cpu.payload},
+            # From machine_by_phase: CPU-s per GB of payload fetched, the same records for both.
+            "hop_cpu_s_per_gb_by_phase": {
+                phase: {arm: results["machine_by_phase"][phase][arm]["hop_cpu_s_per_gb"] for arm in ("proxied", "relay")}
+                for phase in ("fetch_small", "fetch_1mb")},
         }
         results["fetch_ratio_relay"] = min(results["relay"]["fetch_ratio_by_batching"].values())
         results["fetch_vs_relay"] = min(results["relay"]["fetch_vs_relay_by_batching"].values())

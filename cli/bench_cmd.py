@@ -17,6 +17,8 @@ def bench() -> None:
 @click.option("--bootstrap", default=None, help="Existing brokers (host:port,...); default: start a local Kafka.")
 @click.option("--records", type=click.IntRange(1000, 10_000_000), default=200_000, show_default=True)
 @click.option("--rounds", type=click.IntRange(1, 10), default=2, show_default=True)
+@click.option("--fetch-rounds", type=click.IntRange(1, 40), default=None,
+              help="Fetch runs per arm (default: 2 x rounds). Each reads 2 x records x rounds records.")
 @click.option("--fetch-max-version", type=click.IntRange(4, 100), default=None,
               help="Proxy's Fetch cap (default: the proxy default, 15; 18 rewrites KIP-951 node_endpoints).")
 @click.option("--splice-min-bytes", type=click.IntRange(0, 1 << 30), default=None,
@@ -27,13 +29,15 @@ def bench() -> None:
               help="Fetch phases also through a Kafka-unaware splice relay (chaos.relay): the baseline hop. "
                    "Needs the bench's own Kafka (ignored with --bootstrap).")
 @click.option("--json", "as_json", is_flag=True)
-def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_max_version: int | None,
+def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_rounds: int | None,
+                fetch_max_version: int | None,
                 splice_min_bytes: int | None, compare_splice: bool, relay: bool, as_json: bool) -> None:
     """Throughput, CPU/GB, added latency and Metadata rewrite cost: proxy vs direct."""
     from chaos.bench_proxy import run
 
     console = Console(stderr=True)
-    results = run(bootstrap, records=records, rounds=rounds, fetch_max_version=fetch_max_version,
+    results = run(bootstrap, records=records, rounds=rounds, fetch_rounds=fetch_rounds,
+                  fetch_max_version=fetch_max_version,
                   splice_min_bytes=splice_min_bytes, compare_splice=compare_splice, relay=relay,
                   progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
     if as_json:

@@ -123,3 +123,33 @@ def test_alternate_arms_rotates_the_order_after_direct():
     assert calls == ["direct", "a", "b", "c", "direct", "b", "c", "a", "direct", "c", "a", "b"]
     assert [r["arm"] for r in d] == ["direct"] * 3
     assert {k: len(v) for k, v in others.items()} == {"a": 3, "b": 3, "c": 3}
+
+
+def test_machine_meter_splits_cpu_between_client_and_hop():
+    import subprocess
+    import sys
+
+    import psutil
+
+    from chaos.bench_proxy import _Machine
+
+    machine = _Machine([])
+    me = psutil.Process()
+
+    def client_run() -> dict:  # a child that burns CPU, waited for like the client tools' JVMs
+        subprocess.run([sys.executable, "-c", "sum(i * i for i in range(3_000_000))"], check=True)
+        return {"records": 1_000_000}
+
+    def hop_run() -> dict:  # CPU spent by the "hop" process (here: this one)
+        sum(i * i for i in range(3_000_000))
+        return {"records": 1_000_000}
+
+    machine.run("fetch_x", "direct", client_run)
+    machine.run("fetch_x", "relay", hop_run, hop=me)
+    machine.run(None, "direct", client_run)  # no phase: not measured
+    report = machine.report(1000)  # 1 GB of payload per run
+    direct, relay = report["fetch_x"]["direct"], report["fetch_x"]["relay"]
+    assert direct["client_cpu_s_per_gb"] > 0.05 and "hop_cpu_s_per_gb" not in direct
+    assert relay["hop_cpu_s_per_gb"] > 0.05 and relay["client_cpu_s_per_gb"] < direct["client_cpu_s_per_gb"]
+    assert "brokers_cpu_s_per_gb" not in direct  # no brokers given
+    assert set(report) == {"fetch_x"}

@@ -98,15 +98,6 @@ class PipePool:
             _close_pipe(self._idle.pop())
 
 
-def _setsockopt_int(fd: int, level: int, option: int, value: int) -> None:
-    """setsockopt on a bare fd (the socket object wraps it without owning it)."""
-    sock = socket.socket(fileno=fd)
-    try:
-        sock.setsockopt(level, option, value)
-    finally:
-        sock.detach()
-
-
 def _close_pipe(pipe: tuple[int, int, int]) -> None:
     os.close(pipe[0])
     os.close(pipe[1])
@@ -141,7 +132,7 @@ class Splice:
     """
 
     __slots__ = ("loop", "count", "_src", "_dst", "_pipe", "_left", "_in_pipe", "_waiting", "_on_read", "_on_done",
-                 "_on_error", "_pool", "active", "calls", "_lowat", "wakeups")
+                 "_on_error", "_pool", "active", "calls", "_lowat", "wakeups", "_src_sock")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, src_fd: int, dst_fd: int, count: int, *,
                  on_read: Callable[[int], None], on_done: Callable[[], None],
@@ -159,6 +150,7 @@ class Splice:
         self.calls = 0  # splice(2) calls that moved bytes
         self.wakeups = 0  # readiness callbacks
         self._lowat = 1  # the source socket's SO_RCVLOWAT as we set it
+        self._src_sock: socket.socket | None = None  # wraps _src for setsockopt (without owning it)
         self._pool = pool or pipe_pool()
         self._pipe = self._pool.take()
         try:
@@ -186,48 +178,57 @@ class Splice:
             self._release(keep_pipe=False)
 
     def _pump(self) -> None:
+        # A try that finds nothing raises BlockingIOError, and building that
+        # exception (strerror, the OSError) costs more than the splice: so a
+        # short read counts as "the socket is drained" and a short write as
+        # "the client is full", and the job waits instead of trying again.
+        # Readiness is level-triggered: bytes that came meanwhile wake it at once.
         src, dst = self._src, self._dst
         r, w, capacity = self._pipe
         while True:
-            moved = False
-            if self._left and self._in_pipe < capacity:
+            drained = False
+            room = capacity - self._in_pipe
+            if self._left and room:
+                want = self._left if self._left < room else room
                 try:
-                    n = os.splice(src, w, min(self._left, capacity - self._in_pipe), flags=_FLAGS)
-                except BlockingIOError:  # nothing to read, or the pipe is full
-                    pass
+                    n = os.splice(src, w, want, flags=_FLAGS)
+                except BlockingIOError:  # nothing to read
+                    n = -1
                 except OSError as exc:
                     self._fail(f"broker socket error during splice: {exc}")
                     return
-                else:
-                    if n == 0:
-                        self._fail(f"broker closed the connection {self.count - self._left} bytes into "
-                                   f"a {self.count}-byte spliced response body")
-                        return
+                if n == 0:
+                    self._fail(f"broker closed the connection {self.count - self._left} bytes into "
+                               f"a {self.count}-byte spliced response body")
+                    return
+                if n > 0:
                     self._left -= n
                     self._in_pipe += n
                     self.calls += 1
-                    moved = True
                     self._on_read(n)
+                drained = n < want
+            full = False
             if self._in_pipe:
                 try:
                     n = os.splice(r, dst, self._in_pipe, flags=_FLAGS)
                 except BlockingIOError:  # the client's socket buffer is full
-                    pass
+                    n = 0
                 except OSError as exc:
                     self._fail(f"client socket error during splice: {exc}")
                     return
-                else:
+                if n:
                     self._in_pipe -= n
                     self.calls += 1
-                    moved = True
+                full = self._in_pipe > 0
             if not self._left and not self._in_pipe:
                 self._release(keep_pipe=True)
                 self._on_done()
                 return
-            if not moved:
-                # Bytes in the pipe wait for the client (what the broker sent
-                # more stays in its socket); an empty pipe waits for the broker.
-                self._wait(_WRITE if self._in_pipe else _READ)
+            if full:  # the pipe's bytes wait for the client (what the broker sent more stays in its socket)
+                self._wait(_WRITE)
+                return
+            if drained:  # an empty pipe waits for the broker
+                self._wait(_READ)
                 return
 
     def _wake(self) -> None:
@@ -236,7 +237,7 @@ class Splice:
 
     def _wait(self, kind: int) -> None:
         if kind == _READ:
-            self._set_lowat(min(self._left, RCVLOWAT_BYTES))
+            self._set_lowat(self._left if self._left < RCVLOWAT_BYTES else RCVLOWAT_BYTES)
         if self._waiting == kind:
             return
         self._unwatch()
@@ -247,10 +248,13 @@ class Splice:
         self._waiting = kind
 
     def _set_lowat(self, n: int) -> None:
-        n = max(1, n)
+        if n < 1:
+            n = 1
         if n != self._lowat:
             try:
-                _setsockopt_int(self._src, socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
+                if self._src_sock is None:
+                    self._src_sock = socket.socket(fileno=self._src)
+                self._src_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
                 self._lowat = n
             except OSError:  # not supported: wake up per segment, as before
                 pass
@@ -270,6 +274,9 @@ class Splice:
         self.active = False
         self._unwatch()
         self._set_lowat(1)  # the transport reads this socket again: wake up for any byte
+        if self._src_sock is not None:
+            self._src_sock.detach()  # the fd is closed below, once
+            self._src_sock = None
         os.close(self._src)
         os.close(self._dst)
         if keep_pipe and not self._in_pipe:

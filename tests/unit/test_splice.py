@@ -322,6 +322,34 @@ def test_a_body_in_many_pieces_wakes_the_splice_in_runs_and_lowat_is_reset(run):
     assert wakeups <= (4 << 20) // RCVLOWAT_BYTES + 16 < pieces, wakeups
 
 
+def test_a_body_in_tiny_segments_does_not_stall_the_splice(run):
+    """A short splice read counts as "drained" and the job waits for the broker: also when the read
+    was short because the pipe ran out of slots (one per segment) with bytes left in the socket."""
+    body = os.urandom(2 << 20)
+    stream = frame(1, body) + frame(2, b"after")
+
+    def send_tiny(sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for i in range(0, len(stream), 1000):  # ~2,100 segments, faster than the proxy reads them
+            sock.sendall(stream[i:i + 1000])
+
+    async def scenario(recorded):  # type: ignore[no-untyped-def]
+        rig = await Rig(64 << 10, recorded).start()
+        rig.request(1)
+        rig.request(2)
+        loop = asyncio.get_running_loop()
+        sender = loop.run_in_executor(None, send_tiny, rig.broker)
+        got = await recv_exactly(rig.client, len(stream))
+        await sender
+        calls = sum(j.calls for j in recorded)
+        rig.close()
+        return got, calls
+
+    got, calls = run(scenario)
+    assert got == stream
+    assert calls > 0, "nothing was spliced"
+
+
 def test_slow_client_makes_the_splice_wait_for_the_client(run):
     body = os.urandom(4 << 20)
     stream = frame(1, body) + frame(2, b"after")

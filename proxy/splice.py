@@ -26,12 +26,14 @@ Backpressure: at most one pipe's worth is read from the broker before the
 client took it; a client that does not read leaves the rest in the broker
 socket (TCP flow control does the rest), exactly like a paused transport.
 
-Wake-ups: a broker sends a large Fetch response in segments, and waking up
-for each one (a Python callback, a splice or two, an EAGAIN) cost more than the
-bytes moved. While waiting for the broker, the source socket's SO_RCVLOWAT is
-raised to ``min(bytes left, RCVLOWAT_BYTES)``, so the loop wakes when that
-much is there (or at EOF); it is set back to 1 before the transport reads
-again.
+Wake-ups: the job wakes for whatever the broker sent and moves it on at once.
+Waking up for runs of 256 KiB instead (SO_RCVLOWAT) saved callbacks but cost
+fetch throughput: the client got the bytes later and the broker was held back
+(BENCHMARKS.md, "The baseline hop": 532 vs 644 MB/s with and without it, side
+by side). A try that finds nothing raises BlockingIOError, which costs more
+than the splice: a short read counts as "the socket is drained" and a short
+write as "the client is full", and the job waits (readiness is
+level-triggered, so bytes that came meanwhile wake it at once).
 
 Pipes come from a small per-thread (per event loop) pool: a pipe is needed only
 while a splice runs, and an enlarged pipe counts against the user's
@@ -43,7 +45,6 @@ from __future__ import annotations
 import asyncio
 import fcntl
 import os
-import socket
 import threading
 from typing import Callable
 
@@ -56,9 +57,6 @@ F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 # default, 64 KiB, if the request is refused). One splice call moves at most this.
 PIPE_BYTES = 1 << 20
 MAX_IDLE_PIPES = 4
-# Wake up for the broker's bytes in runs of at least this much (SO_RCVLOWAT);
-# well below the socket's receive buffer so that the sender is never stalled.
-RCVLOWAT_BYTES = 256 << 10
 _FLAGS = (os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK) if AVAILABLE else 0
 _READ, _WRITE = 1, 2
 
@@ -132,7 +130,7 @@ class Splice:
     """
 
     __slots__ = ("loop", "count", "_src", "_dst", "_pipe", "_left", "_in_pipe", "_waiting", "_on_read", "_on_done",
-                 "_on_error", "_pool", "active", "calls", "_lowat", "wakeups", "_src_sock")
+                 "_on_error", "_pool", "active", "calls", "wakeups")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, src_fd: int, dst_fd: int, count: int, *,
                  on_read: Callable[[int], None], on_done: Callable[[], None],
@@ -149,8 +147,6 @@ class Splice:
         self._waiting = 0
         self.calls = 0  # splice(2) calls that moved bytes
         self.wakeups = 0  # readiness callbacks
-        self._lowat = 1  # the source socket's SO_RCVLOWAT as we set it
-        self._src_sock: socket.socket | None = None  # wraps _src for setsockopt (without owning it)
         self._pool = pool or pipe_pool()
         self._pipe = self._pool.take()
         try:
@@ -178,11 +174,7 @@ class Splice:
             self._release(keep_pipe=False)
 
     def _pump(self) -> None:
-        # A try that finds nothing raises BlockingIOError, and building that
-        # exception (strerror, the OSError) costs more than the splice: so a
-        # short read counts as "the socket is drained" and a short write as
-        # "the client is full", and the job waits instead of trying again.
-        # Readiness is level-triggered: bytes that came meanwhile wake it at once.
+        # Short read: drained; short write: client full; then wait (module docstring, "Wake-ups").
         src, dst = self._src, self._dst
         r, w, capacity = self._pipe
         while True:
@@ -236,8 +228,6 @@ class Splice:
         self._pump()
 
     def _wait(self, kind: int) -> None:
-        if kind == _READ:
-            self._set_lowat(self._left if self._left < RCVLOWAT_BYTES else RCVLOWAT_BYTES)
         if self._waiting == kind:
             return
         self._unwatch()
@@ -246,18 +236,6 @@ class Splice:
         else:
             self.loop.add_writer(self._dst, self._wake)
         self._waiting = kind
-
-    def _set_lowat(self, n: int) -> None:
-        if n < 1:
-            n = 1
-        if n != self._lowat:
-            try:
-                if self._src_sock is None:
-                    self._src_sock = socket.socket(fileno=self._src)
-                self._src_sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, n)
-                self._lowat = n
-            except OSError:  # not supported: wake up per segment, as before
-                pass
 
     def _unwatch(self) -> None:
         if self._waiting == _READ:
@@ -273,10 +251,6 @@ class Splice:
     def _release(self, *, keep_pipe: bool) -> None:
         self.active = False
         self._unwatch()
-        self._set_lowat(1)  # the transport reads this socket again: wake up for any byte
-        if self._src_sock is not None:
-            self._src_sock.detach()  # the fd is closed below, once
-            self._src_sock = None
         os.close(self._src)
         os.close(self._dst)
         if keep_pipe and not self._in_pipe:

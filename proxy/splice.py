@@ -29,7 +29,7 @@ socket (TCP flow control does the rest), exactly like a paused transport.
 Wake-ups: the job wakes for whatever the broker sent and moves it on at once.
 Waking up for runs of 256 KiB instead (SO_RCVLOWAT) saved callbacks but cost
 fetch throughput: the client got the bytes later and the broker was held back
-(BENCHMARKS.md, "The baseline hop": 532 vs 644 MB/s with and without it, side
+(BENCHMARKS.md, "The baseline hop": 533 vs 644 MB/s with and without it, side
 by side). A try that finds nothing raises BlockingIOError, which costs more
 than the splice: a short read counts as "the socket is drained" and a short
 write as "the client is full", and the job waits (readiness is

@@ -263,8 +263,7 @@ class RelayProcess:
 
     def start(self, timeout: float = 30.0) -> "RelayProcess":
         for listen, _ in self.routes:
-            host, port = listen.rsplit(":", 1)
-            if not port_free(host, int(port)):
+            if not port_free(*_split(listen)):
                 raise RuntimeError(f"relay address {listen} is taken")
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "-m", "chaos.relay", "--max-seconds", "14400",

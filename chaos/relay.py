@@ -30,10 +30,9 @@ import sys
 import threading
 import time
 
-__all__ = ("Relay", "parse_route")
+from proxy.splice import F_SETPIPE_SZ, PIPE_BYTES  # the same 1 MiB pipes as kproxy's own splice
 
-F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
-PIPE_BYTES = 1 << 20
+__all__ = ("Relay", "parse_route")
 
 
 def _loopback(host: str) -> str:

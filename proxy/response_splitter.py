@@ -177,16 +177,9 @@ class ResponseSplitter:
                 if run >= 0:  # the frame's head starts here: end the run
                     out.append(mv[run:pos])
                     run = -1
-                take = min(8 - len(head), n - pos)
-                head += mv[pos : pos + take]
-                pos += take
-                if len(head) < 4:
+                pos, length, correlation_id = self._head_across_chunks(mv, pos, n)
+                if correlation_id is None:  # the chunk ended inside the head
                     break
-                length = _LEN.unpack_from(head, 0)[0]
-                self._check_length(length)
-                if len(head) < 8:
-                    break
-                correlation_id = _I32.unpack_from(head, 4)[0]
             self._check_length(length)
             api_key, api_version = self.table.pop(correlation_id)
             self.frames += 1
@@ -232,6 +225,21 @@ class ResponseSplitter:
             self._state = _PASS if self._remaining else _HEAD
         if run >= 0:
             out.append(data if run == 0 and pos == n and isinstance(data, bytes) else mv[run:pos])
+
+    def _head_across_chunks(self, mv: memoryview, pos: int, n: int) -> tuple[int, int, int | None]:
+        """Add to ``_head`` a frame head split over chunks: (new position,
+        length, correlation id), the id None while the head is incomplete."""
+        head = self._head
+        take = min(8 - len(head), n - pos)
+        head += mv[pos : pos + take]
+        pos += take
+        if len(head) < 4:
+            return pos, 0, None
+        length = _LEN.unpack_from(head, 0)[0]
+        self._check_length(length)
+        if len(head) < 8:
+            return pos, length, None
+        return pos, length, _I32.unpack_from(head, 4)[0]
 
     def _collect(self, mv: memoryview, pos: int, n: int, out: list[Buffer]) -> int:
         """Add ``mv[pos:n]`` to the frame collected for rewriting, rewrite it

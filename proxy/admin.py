@@ -26,6 +26,79 @@ log = logging.getLogger("kproxy.admin")
 Action = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+class AdminHandler(BaseHTTPRequestHandler):
+    """One admin request; ``admin`` is set on a subclass per server."""
+
+    admin: AdminServer
+    protocol_version = "HTTP/1.1"
+    server_version = "kproxy-admin"
+
+    def log_message(self, fmt: str, *args: Any) -> None:
+        log.debug("admin request", extra={"request": fmt % args})
+
+    def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        # Headers and body in one write: two small writes stall a keep-alive
+        # client for the delayed-ACK interval (~40 ms).
+        self._headers_buffer.append(b"\r\n" + body)  # type: ignore[attr-defined]
+        self.flush_headers()
+
+    def _json(self, code: int, obj: Any) -> None:
+        self._send(code, json.dumps(obj, default=str).encode())
+
+    def do_GET(self) -> None:  # noqa: N802
+        try:
+            if self.path == "/status":
+                self._json(200, self.admin.status())
+            elif self.path == "/metrics":
+                self._send(200, self.admin.metrics(), "text/plain; version=0.0.4")
+            elif self.path == "/healthz":
+                self._json(200, {"ok": True})
+            elif self.path == "/readyz":
+                ok = self.admin.ready()
+                self._json(200 if ok else 503, {"ready": ok})
+            else:
+                self._json(404, {"error": f"no such endpoint {self.path}"})
+        except Exception as exc:  # an admin bug must not kill the thread
+            log.exception("admin GET failed")
+            self._json(500, {"error": repr(exc)})
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if 0 < length <= 65536 else b""
+        if self.admin.token is None:
+            self._json(403, {"error": "no admin token configured: actions are disabled"})
+            return
+        auth = self.headers.get("Authorization", "")
+        if not hmac.compare_digest(auth.encode(), f"Bearer {self.admin.token}".encode()):
+            self._json(401, {"error": "missing or wrong bearer token"})
+            return
+        try:
+            body = json.loads(raw) if raw else {}
+            if not isinstance(body, dict):
+                raise ValueError("body must be a JSON object")
+        except ValueError as exc:
+            self._json(400, {"error": f"bad JSON body: {exc}"})
+            return
+        parts = [p for p in self.path.split("/") if p]
+        if not parts or parts[0] not in self.admin.actions:
+            self._json(404, {"error": f"no such action {self.path}"})
+            return
+        if len(parts) > 1:
+            body["node"] = parts[1]
+        try:
+            self._json(200, self.admin.actions[parts[0]](body))
+        except LookupError as exc:
+            self._json(404, {"error": str(exc)})
+        except (ValueError, TimeoutError) as exc:
+            self._json(409, {"error": str(exc)})
+        except Exception as exc:
+            log.exception("admin action failed")
+            self._json(500, {"error": repr(exc)})
+
+
 class AdminServer:
     def __init__(self, host: str, port: int, *, token: str | None, status: Callable[[], dict[str, Any]],
                  metrics: Callable[[], bytes], ready: Callable[[], bool], actions: dict[str, Action]) -> None:
@@ -34,78 +107,8 @@ class AdminServer:
         self.metrics = metrics
         self.ready = ready
         self.actions = actions
-        admin = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-            server_version = "kproxy-admin"
-
-            def log_message(self, fmt: str, *args: Any) -> None:
-                log.debug("admin request", extra={"request": fmt % args})
-
-            def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                # Headers and body in one write: two small writes stall a keep-alive
-                # client for the delayed-ACK interval (~40 ms).
-                self._headers_buffer.append(b"\r\n" + body)  # type: ignore[attr-defined]
-                self.flush_headers()
-
-            def _json(self, code: int, obj: Any) -> None:
-                self._send(code, json.dumps(obj, default=str).encode())
-
-            def do_GET(self) -> None:  # noqa: N802
-                try:
-                    if self.path == "/status":
-                        self._json(200, admin.status())
-                    elif self.path == "/metrics":
-                        self._send(200, admin.metrics(), "text/plain; version=0.0.4")
-                    elif self.path == "/healthz":
-                        self._json(200, {"ok": True})
-                    elif self.path == "/readyz":
-                        ok = admin.ready()
-                        self._json(200 if ok else 503, {"ready": ok})
-                    else:
-                        self._json(404, {"error": f"no such endpoint {self.path}"})
-                except Exception as exc:  # an admin bug must not kill the thread
-                    log.exception("admin GET failed")
-                    self._json(500, {"error": repr(exc)})
-
-            def do_POST(self) -> None:  # noqa: N802
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length) if 0 < length <= 65536 else b""
-                if admin.token is None:
-                    self._json(403, {"error": "no admin token configured: actions are disabled"})
-                    return
-                auth = self.headers.get("Authorization", "")
-                if not hmac.compare_digest(auth.encode(), f"Bearer {admin.token}".encode()):
-                    self._json(401, {"error": "missing or wrong bearer token"})
-                    return
-                try:
-                    body = json.loads(raw) if raw else {}
-                    if not isinstance(body, dict):
-                        raise ValueError("body must be a JSON object")
-                except ValueError as exc:
-                    self._json(400, {"error": f"bad JSON body: {exc}"})
-                    return
-                parts = [p for p in self.path.split("/") if p]
-                if not parts or parts[0] not in admin.actions:
-                    self._json(404, {"error": f"no such action {self.path}"})
-                    return
-                if len(parts) > 1:
-                    body["node"] = parts[1]
-                try:
-                    self._json(200, admin.actions[parts[0]](body))
-                except LookupError as exc:
-                    self._json(404, {"error": str(exc)})
-                except (ValueError, TimeoutError) as exc:
-                    self._json(409, {"error": str(exc)})
-                except Exception as exc:
-                    log.exception("admin action failed")
-                    self._json(500, {"error": repr(exc)})
-
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        handler = type("Handler", (AdminHandler,), {"admin": self})
+        self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="kproxy-admin", daemon=True)
 

@@ -52,6 +52,9 @@ from typing import Any, Mapping
 
 import attrs
 
+from topology import PortScheme
+from topology import ProxyNode as TopologyNode
+
 # Kafka's own default for socket.request.max.bytes: the largest request a broker
 # accepts. A response can be as large as fetch.max.bytes (50 MiB default), so the
 # same bound covers both directions.
@@ -157,16 +160,24 @@ class Config:
                 return n
         raise ConfigError("nodes", f"no node with id {node_id!r} (known: {[n.id for n in self.nodes]})")
 
-    def broker_port(self, broker_id: int) -> int:
-        """The port on which every node serves broker identity ``broker_id``."""
-        if broker_id in self.port_map:
-            return self.port_map[broker_id]
-        if self.port_base is None:
-            raise ConfigError("ports.map", f"no port for broker {broker_id} and no ports.base")
-        port = self.port_base + broker_id
-        if not 0 < port <= MAX_PORT:
-            raise ConfigError("ports.base", f"base + broker id {broker_id} = {port} is not a valid port")
-        return port
+
+def proxy_nodes(config: Config) -> tuple[TopologyNode, ...]:
+    """Every node of the config as ``topology.ProxyNode``: its host, bootstrap
+    port and the port scheme ``[ports]`` gives every node. The one place that
+    turns the config into the fleet's node table (the data path binds, and
+    membership advertises, from what this returns)."""
+    ports = PortScheme(base=config.port_base, explicit=dict(config.port_map))
+    try:
+        return tuple(TopologyNode(id=n.id, host=n.host, bootstrap_port=n.bootstrap_port, rack=n.rack, ports=ports)
+                     for n in config.nodes)
+    except ValueError as exc:
+        raise ConfigError("nodes", str(exc)) from None
+
+
+def proxy_node(config: Config, node_id: str) -> TopologyNode:
+    """Node ``node_id`` of the config as ``topology.ProxyNode`` (see :func:`proxy_nodes`)."""
+    config.node(node_id)  # a ConfigError naming the known ids
+    return next(n for n in proxy_nodes(config) if n.id == node_id)
 
 
 # --------------------------------------------------------------- loading
@@ -255,16 +266,33 @@ def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, sourc
     for key in raw:
         if key not in known:
             raise ConfigError(key, f"unknown section (expected one of {sorted(known)})")
+    upstream, refresh = _parse_upstream(_get(raw, "upstream", "upstream", dict))
+    base, port_map = _parse_ports(_get(raw, "ports", "ports", dict, {}))
+    nodes = _parse_nodes(_get(raw, "nodes", "nodes", list))
+    limits = _parse_limits(_get(raw, "limits", "limits", dict, {}))
+    level, fmt = _parse_logging(_get(raw, "logging", "logging", dict, {}))
+    token = _secret(_get(raw, "admin", "admin", dict, {}), "token", "admin", env)
+    fleet = _parse_fleet(_get(raw, "fleet", "fleet", dict), nodes, env) if "fleet" in raw else None
+    _check_node_ports(nodes, base, port_map)
+    tap_dir = _get(_get(raw, "debug", "debug", dict, {}), "tap_dir", "debug.tap_dir", str, None)
+    return Config(
+        tap_dir=tap_dir,
+        nodes=nodes, upstream=upstream, refresh_interval_s=refresh, port_base=base, port_map=port_map,
+        limits=limits, log_level=level, log_format=fmt, admin_token=token, fleet=fleet, source=source,
+    )
 
-    upstream_raw = _get(raw, "upstream", "upstream", dict)
+
+def _parse_upstream(upstream_raw: Mapping[str, Any]) -> tuple[tuple[HostPort, ...], float]:
     boots = _get(upstream_raw, "bootstrap", "upstream.bootstrap", list)
     if not boots:
         raise ConfigError("upstream.bootstrap", "must list at least one host:port")
     upstream = tuple(parse_host_port(v, f"upstream.bootstrap[{i}]") for i, v in enumerate(boots))
     refresh = _positive(_get(upstream_raw, "refresh_interval_s", "upstream.refresh_interval_s", float, 10.0),
                         "upstream.refresh_interval_s")
+    return upstream, refresh
 
-    ports_raw = _get(raw, "ports", "ports", dict, {})
+
+def _parse_ports(ports_raw: Mapping[str, Any]) -> tuple[int | None, dict[int, int]]:
     base = _get(ports_raw, "base", "ports.base", int, None)
     if base is not None and not 0 < base < MAX_PORT:
         raise ConfigError("ports.base", f"must be a port number, got {base}")
@@ -279,36 +307,41 @@ def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, sourc
         raise ConfigError("ports", "set ports.base (broker B on base + B) or ports.map")
     if len(set(port_map.values())) != len(port_map):
         raise ConfigError("ports.map", "two broker ids map to the same port")
+    return base, port_map
 
-    nodes_raw = _get(raw, "nodes", "nodes", list)
+
+def _parse_node(n: Any, path: str) -> NodeConfig:
+    if not isinstance(n, dict):
+        raise ConfigError(path, "must be a table")
+    admin_port = _get(n, "admin_port", f"{path}.admin_port", int, None)
+    raft_port = _get(n, "raft_port", f"{path}.raft_port", int, None)
+    node = NodeConfig(
+        id=_get(n, "id", f"{path}.id", str),
+        host=_host(_get(n, "host", f"{path}.host", str), f"{path}.host"),
+        bootstrap_port=_port(_get(n, "bootstrap_port", f"{path}.bootstrap_port", int), f"{path}.bootstrap_port"),
+        admin_port=None if admin_port is None else _port(admin_port, f"{path}.admin_port"),
+        raft_port=None if raft_port is None else _port(raft_port, f"{path}.raft_port"),
+        rack=_get(n, "rack", f"{path}.rack", str, None),
+    )
+    if not node.id:
+        raise ConfigError(f"{path}.id", "must not be empty")
+    return node
+
+
+def _parse_nodes(nodes_raw: list[Any]) -> tuple[NodeConfig, ...]:
     if not nodes_raw:
         raise ConfigError("nodes", "must list at least one node")
-    nodes = []
-    for i, n in enumerate(nodes_raw):
-        path = f"nodes[{i}]"
-        if not isinstance(n, dict):
-            raise ConfigError(path, "must be a table")
-        admin_port = _get(n, "admin_port", f"{path}.admin_port", int, None)
-        raft_port = _get(n, "raft_port", f"{path}.raft_port", int, None)
-        node = NodeConfig(
-            id=_get(n, "id", f"{path}.id", str),
-            host=_host(_get(n, "host", f"{path}.host", str), f"{path}.host"),
-            bootstrap_port=_port(_get(n, "bootstrap_port", f"{path}.bootstrap_port", int), f"{path}.bootstrap_port"),
-            admin_port=None if admin_port is None else _port(admin_port, f"{path}.admin_port"),
-            raft_port=None if raft_port is None else _port(raft_port, f"{path}.raft_port"),
-            rack=_get(n, "rack", f"{path}.rack", str, None),
-        )
-        if not node.id:
-            raise ConfigError(f"{path}.id", "must not be empty")
-        nodes.append(node)
+    nodes = tuple(_parse_node(n, f"nodes[{i}]") for i, n in enumerate(nodes_raw))
     ids = [n.id for n in nodes]
     if len(set(ids)) != len(ids):
         raise ConfigError("nodes", f"node ids must be unique, got {ids}")
     addrs = [(n.host, n.bootstrap_port) for n in nodes]
     if len(set(addrs)) != len(addrs):
         raise ConfigError("nodes", "two nodes share one host and bootstrap_port")
+    return nodes
 
-    limits_raw = _get(raw, "limits", "limits", dict, {})
+
+def _parse_limits(limits_raw: Mapping[str, Any]) -> Limits:
     limits = Limits(
         max_frame_bytes=_get(limits_raw, "max_frame_bytes", "limits.max_frame_bytes", int, DEFAULT_MAX_FRAME_BYTES),
         high_water_bytes=_get(limits_raw, "high_water_bytes", "limits.high_water_bytes", int, 1 << 20),
@@ -327,40 +360,44 @@ def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, sourc
     if not 4096 <= limits.high_water_bytes <= 1 << 30:
         raise ConfigError("limits.high_water_bytes", "must be between 4 KiB and 1 GiB")
     _positive(limits.connect_timeout_s, "limits.connect_timeout_s")
+    return limits
 
-    logging_raw = _get(raw, "logging", "logging", dict, {})
+
+def _parse_logging(logging_raw: Mapping[str, Any]) -> tuple[str, str]:
     level = _get(logging_raw, "level", "logging.level", str, "INFO").upper()
     if level not in {"DEBUG", "INFO", "WARNING", "ERROR"}:
         raise ConfigError("logging.level", f"must be DEBUG, INFO, WARNING or ERROR, got {level!r}")
     fmt = _get(logging_raw, "format", "logging.format", str, "json")
     if fmt not in {"json", "text"}:
         raise ConfigError("logging.format", f"must be 'json' or 'text', got {fmt!r}")
+    return level, fmt
 
-    admin_raw = _get(raw, "admin", "admin", dict, {})
-    token = _secret(admin_raw, "token", "admin", env)
 
-    fleet = None
-    if "fleet" in raw:
-        fleet_raw = _get(raw, "fleet", "fleet", dict)
-        password = _secret(fleet_raw, "password", "fleet", env)
-        if password is None:
-            raise ConfigError("fleet.password", "Raft traffic is pickle: a password (or password_env) is required")
-        fleet = FleetConfig(
-            password=password,
-            raft_min_timeout_s=_get(fleet_raw, "raft_min_timeout_s", "fleet.raft_min_timeout_s", float, 0.3),
-            raft_max_timeout_s=_get(fleet_raw, "raft_max_timeout_s", "fleet.raft_max_timeout_s", float, 0.6),
-            dead_after_s=_get(fleet_raw, "dead_after_s", "fleet.dead_after_s", float, 1.0),
-            lease_s=_get(fleet_raw, "lease_s", "fleet.lease_s", float, 1.5),
-            rebalance_delay_s=_get(fleet_raw, "rebalance_delay_s", "fleet.rebalance_delay_s", float, 1.0),
-            address_takeover=_get(fleet_raw, "address_takeover", "fleet.address_takeover", bool, True),
-        )
-        for name in ("raft_min_timeout_s", "raft_max_timeout_s", "dead_after_s", "lease_s"):
-            _positive(getattr(fleet, name), f"fleet.{name}")
-        if fleet.raft_max_timeout_s <= fleet.raft_min_timeout_s:
-            raise ConfigError("fleet.raft_max_timeout_s", "must be greater than fleet.raft_min_timeout_s")
-        for i, n in enumerate(nodes):
-            if n.raft_port is None:
-                raise ConfigError(f"nodes[{i}].raft_port", "is required when [fleet] is configured")
+def _parse_fleet(fleet_raw: Mapping[str, Any], nodes: tuple[NodeConfig, ...], env: Mapping[str, str]) -> FleetConfig:
+    password = _secret(fleet_raw, "password", "fleet", env)
+    if password is None:
+        raise ConfigError("fleet.password", "Raft traffic is pickle: a password (or password_env) is required")
+    fleet = FleetConfig(
+        password=password,
+        raft_min_timeout_s=_get(fleet_raw, "raft_min_timeout_s", "fleet.raft_min_timeout_s", float, 0.3),
+        raft_max_timeout_s=_get(fleet_raw, "raft_max_timeout_s", "fleet.raft_max_timeout_s", float, 0.6),
+        dead_after_s=_get(fleet_raw, "dead_after_s", "fleet.dead_after_s", float, 1.0),
+        lease_s=_get(fleet_raw, "lease_s", "fleet.lease_s", float, 1.5),
+        rebalance_delay_s=_get(fleet_raw, "rebalance_delay_s", "fleet.rebalance_delay_s", float, 1.0),
+        address_takeover=_get(fleet_raw, "address_takeover", "fleet.address_takeover", bool, True),
+    )
+    for name in ("raft_min_timeout_s", "raft_max_timeout_s", "dead_after_s", "lease_s"):
+        _positive(getattr(fleet, name), f"fleet.{name}")
+    if fleet.raft_max_timeout_s <= fleet.raft_min_timeout_s:
+        raise ConfigError("fleet.raft_max_timeout_s", "must be greater than fleet.raft_min_timeout_s")
+    for i, n in enumerate(nodes):
+        if n.raft_port is None:
+            raise ConfigError(f"nodes[{i}].raft_port", "is required when [fleet] is configured")
+    return fleet
+
+
+def _check_node_ports(nodes: tuple[NodeConfig, ...], base: int | None, port_map: Mapping[int, int]) -> None:
+    """A node's own ports differ from each other and from every broker identity port."""
     for i, n in enumerate(nodes):
         used = [("bootstrap_port", n.bootstrap_port)]
         used += [(k, getattr(n, k)) for k in ("admin_port", "raft_port") if getattr(n, k) is not None]
@@ -371,15 +408,6 @@ def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, sourc
             if p in port_map.values() or (base is not None and base <= p < base + BASE_WINDOW):
                 raise ConfigError(f"nodes[{i}].{key}", f"port {p} collides with the broker identity ports")
         _check_ip(n.host, f"nodes[{i}].host")
-
-    debug_raw = _get(raw, "debug", "debug", dict, {})
-    tap_dir = _get(debug_raw, "tap_dir", "debug.tap_dir", str, None)
-
-    return Config(
-        tap_dir=tap_dir,
-        nodes=tuple(nodes), upstream=upstream, refresh_interval_s=refresh, port_base=base, port_map=port_map,
-        limits=limits, log_level=level, log_format=fmt, admin_token=token, fleet=fleet, source=source,
-    )
 
 
 def _check_ip(host: str, path: str) -> None:

@@ -1,8 +1,8 @@
 """Glue between the data path and the fleet member (membership/), in one process.
 
-The data path never decides the assignment: it reads the member's effective
-table (pushed onto the event loop on every change) and reports the upstream
-brokers it discovered. This module maps the node's TOML config onto the
+The data path never decides the assignment: it applies the member's
+:class:`membership.serving.ServingMap` (pushed onto the event loop on every
+change) and reports the upstream brokers it discovered. This module maps the node's TOML config onto the
 member's config; any inconsistency is reported as a ``ConfigError`` naming the
 ``fleet.*`` or ``nodes[*]`` field.
 """
@@ -15,13 +15,13 @@ from typing import Any
 
 from membership.config import ConfigError as MemberConfigError
 from membership.config import MemberConfig, MemberSpec
-from membership.effective import EffectiveAssignment
 from membership.node import FleetMember
-from proxy.config import Config, ConfigError
-from proxy.server import ProxyNode
+from membership.serving import ServingMap, stand_in_duties
+from membership.state import FleetState
+from proxy.config import Config, ConfigError, proxy_nodes
+from proxy.datapath import DataPath
 from proxy.upstream import UpstreamBroker
-from topology import Broker, PortScheme
-from topology import ProxyNode as TopoNode
+from topology import Broker
 
 log = logging.getLogger("kproxy.fleet")
 
@@ -32,13 +32,10 @@ _FIELD = {"raft_min_timeout": "fleet.raft_min_timeout_s", "raft_max_timeout": "f
 
 def member_config(config: Config, node_id: str) -> MemberConfig:
     assert config.fleet is not None
-    ports = PortScheme(base=config.port_base, explicit=dict(config.port_map))
     members = []
-    for n in config.nodes:
+    for n, node in zip(config.nodes, proxy_nodes(config)):
         assert n.raft_port is not None
-        members.append(MemberSpec(node=TopoNode(id=n.id, host=n.host, bootstrap_port=n.bootstrap_port, rack=n.rack,
-                                                ports=ports),
-                                  raft_host=n.host, raft_port=n.raft_port))
+        members.append(MemberSpec(node=node, raft_host=n.host, raft_port=n.raft_port))
     f = config.fleet
     try:
         return MemberConfig(node_id=node_id, members=tuple(members), password=f.password,
@@ -50,46 +47,60 @@ def member_config(config: Config, node_id: str) -> MemberConfig:
         raise ConfigError(_FIELD.get(exc.field, f"fleet.{exc.field}"), str(exc)) from None
 
 
-class FleetLink:
-    """Connects one ProxyNode to its FleetMember."""
+# ---- TRANSITIONAL SHIM (delete at merge: the member then delivers a ServingMap itself)
+def serving_map_from_effective(snapshot: Any, committed: FleetState, config: Config,
+                               previous: ServingMap | None) -> ServingMap:
+    """A ServingMap from main's ``EffectiveAssignment`` plus the committed state.
 
-    def __init__(self, proxy: ProxyNode, member: FleetMember, loop: asyncio.AbstractEventLoop) -> None:
-        self.proxy = proxy
+    Vacant and draining nodes follow the committed view only: in degraded mode
+    (no quorum) this node cannot tell a dead peer from a partitioned one, so the
+    previous vacancies stay."""
+    nodes = {n.id: n for n in proxy_nodes(config)}
+    nodes.update(committed.member_map())
+    if not snapshot.degraded and committed.epoch > 0:
+        vacant = frozenset(p for p in committed.member_ids() if p not in committed.up or p in committed.draining)
+    else:
+        vacant = previous.vacant if previous is not None else frozenset()
+    owners = snapshot.owner_map()
+    return ServingMap(epoch=snapshot.epoch, owners=owners, addresses=snapshot.addresses, nodes=nodes.values(),
+                      vacant=vacant, draining=frozenset(committed.draining),
+                      stand_ins=stand_in_duties(owners, nodes.values(), vacant), degraded=snapshot.degraded,
+                      version=snapshot.version, changed_at=snapshot.changed_at, error=snapshot.error)
+# ---- END TRANSITIONAL SHIM
+
+
+class FleetLink:
+    """Connects one node's DataPath to its FleetMember: the member's map in, the discovered brokers out."""
+
+    def __init__(self, datapath: DataPath, member: FleetMember, loop: asyncio.AbstractEventLoop) -> None:
+        self.datapath = datapath
         self.member = member
         self.loop = loop
-        self.last: EffectiveAssignment | None = None
-        proxy.on_brokers_changed(self._report_brokers)
+        self.last: ServingMap | None = None
+        datapath.on_brokers_changed(self._report_brokers)
 
     def start(self) -> None:
         from membership.raft import bind_outgoing
 
-        bind_outgoing(self.proxy.local.host)  # Raft traffic leaves from this node's own address
+        bind_outgoing(self.datapath.node.host)  # Raft traffic leaves from this node's own address
         self.member.start()
-        self._report_brokers(sorted(self.proxy.brokers.values()))
+        self._report_brokers(sorted(self.datapath.brokers.values()))
         self.member.subscribe(self._on_change)
 
     def _report_brokers(self, brokers: list[UpstreamBroker]) -> None:
         self.member.set_brokers([Broker(b.node_id, b.host, b.port, b.rack) for b in brokers])
 
-    def _on_change(self, snapshot: EffectiveAssignment) -> None:  # member thread
+    def _on_change(self, snapshot: Any) -> None:  # member thread
         self.loop.call_soon_threadsafe(self._apply, snapshot)
 
-    def _apply(self, snapshot: EffectiveAssignment) -> None:  # event loop
+    def _apply(self, snapshot: Any) -> None:  # event loop
         if self.last is not None and snapshot.version < self.last.version:
             return  # an older snapshot overtaken by a newer one
+        if not hasattr(snapshot, "stand_ins"):
+            snapshot = serving_map_from_effective(snapshot, self.member.committed_state(), self.datapath.config,
+                                                  self.last)
         self.last = snapshot
-        committed = self.member.committed_state()
-        # Address takeover follows the committed view only: in degraded mode (no
-        # quorum) this node cannot tell a dead peer from a partitioned one.
-        if not snapshot.degraded and committed.epoch > 0:
-            members = committed.member_ids()
-            self.proxy.stand_in_for([n for n in self.proxy.config.nodes if n.id in members
-                                     and (n.id not in committed.up or n.id in committed.draining)])
-        drained = self.proxy.apply_assignment(snapshot.epoch, snapshot.owner_map())
-        if self.member.node_id in committed.draining and not self.proxy.draining:
-            drained += self.proxy.drain_all()
-        elif self.member.node_id not in committed.draining and self.proxy.draining:
-            self.loop.create_task(self.proxy.undrain())
+        drained = self.datapath.apply_map(snapshot)
         if drained:
             log.info("moved clients away", extra={"epoch": snapshot.epoch, "connections": drained})
 

@@ -19,7 +19,7 @@ import uvloop
 
 from proxy.admin import AdminServer
 from proxy.config import Config, http_url
-from proxy.server import ProxyNode
+from proxy.datapath import DataPath
 
 GRACEFUL_DRAIN_S = 5.0
 
@@ -33,7 +33,7 @@ class NodeRuntime:
         self.config = config
         self.node_id = node_id
         self.local = config.node(node_id)
-        self.proxy = ProxyNode(config, node_id, fleet=config.fleet is not None)
+        self.datapath = DataPath(config, node_id, fleet=config.fleet is not None)
         self.link: Any = None  # proxy.fleet.FleetLink when [fleet] is configured
         self.admin: AdminServer | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -50,9 +50,9 @@ class NodeRuntime:
         return asyncio.run_coroutine_threadsafe(call(), self.loop).result(timeout)
 
     def status(self) -> dict[str, Any]:
-        data = self._call_in_loop(self.proxy.status)
-        book = self.proxy.book
-        data.update({"epoch": book.epoch, "assignment": {str(k): v for k, v in sorted(book.owners.items())},
+        data, serving = self._call_in_loop(lambda: (self.datapath.status().to_json(), self.datapath.serving))
+        assignment = {str(k): v for k, v in serving.owners}
+        data.update({"epoch": serving.epoch, "assignment": assignment,
                      "role": "standalone", "term": 0, "leader": self.node_id, "has_quorum": True,
                      "pid": os.getpid(), "ready": self.ready and not data["unbound"],
                      # Where every node of the fleet answers: `cluster --admin URL` needs only one.
@@ -65,13 +65,13 @@ class NodeRuntime:
             member["committed_epoch"] = member["epoch"]
             data.update(member)
             # What this node advertises right now (the effective table, degraded mode included).
-            data["assignment"] = {str(k): v for k, v in sorted(book.owners.items())}
-            data["epoch"] = book.epoch
+            data["assignment"] = assignment
+            data["epoch"] = serving.epoch
         return data
 
     def _ready(self) -> bool:
         """Serving, and a listener for every known broker (a port taken by someone else is not)."""
-        return self.ready and not self._call_in_loop(lambda: self.proxy.unbound)
+        return self.ready and not self._call_in_loop(lambda: self.datapath.unbound)
 
     def _kill(self, body: dict[str, Any]) -> dict[str, Any]:
         name = str(body.get("signal", "KILL")).upper()
@@ -87,7 +87,7 @@ class NodeRuntime:
         if self.link is None:
             if target != self.node_id:
                 raise LookupError(f"node {target!r} is not this node and there is no fleet to forward to")
-            moved = self._call_in_loop(self.proxy.drain_all)
+            moved = self._call_in_loop(self.datapath.drain_all)
             return {"node": target, "connections_drained": moved}
         if target not in {n.id for n in self.config.nodes}:
             raise LookupError(f"no node {target!r} in the fleet")
@@ -105,24 +105,24 @@ class NodeRuntime:
     # -------------------------------------------------------------- running
     async def serve(self) -> None:
         self.loop = asyncio.get_running_loop()
-        await self.proxy.start()
+        await self.datapath.start()
         if self.config.fleet is not None:
             from membership.node import FleetMember
             from proxy.fleet import FleetLink, member_config
 
-            self.link = FleetLink(self.proxy, FleetMember(member_config(self.config, self.node_id)), self.loop)
+            self.link = FleetLink(self.datapath, FleetMember(member_config(self.config, self.node_id)), self.loop)
             await self.loop.run_in_executor(None, self.link.start)  # blocks until Raft is up
             self.loop.run_in_executor(None, self._rejoin)
         if self.local.admin_port is not None:
             self.admin = AdminServer(
                 self.local.host, self.local.admin_port, token=self.config.admin_token, status=self.status,
-                metrics=self.proxy.metrics.render, ready=self._ready,
+                metrics=self.datapath.metrics.render, ready=self._ready,
                 actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain})
             self.admin.start()
         self.ready = True
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopped.set)
-        log.info("node ready", extra={"node": self.node_id, "bootstrap": self.proxy.bootstrap_address,
+        log.info("node ready", extra={"node": self.node_id, "bootstrap": self.datapath.bootstrap_address,
                                       "admin": self.admin.address if self.admin else None})
         try:
             await self._stopped.wait()
@@ -153,9 +153,9 @@ class NodeRuntime:
                     None, lambda: self.link.member.drain(self.node_id, timeout=GRACEFUL_DRAIN_S))
             except Exception as exc:
                 log.warning("could not publish a map without this node", extra={"reason": repr(exc)})
-        self.proxy.drain_all()
+        self.datapath.drain_all()
         deadline = time.monotonic() + GRACEFUL_DRAIN_S
-        while self.proxy.connections and time.monotonic() < deadline:
+        while self.datapath.connections and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
     async def shutdown(self) -> None:
@@ -163,7 +163,7 @@ class NodeRuntime:
         await self.graceful_drain()
         if self.admin is not None:
             self.admin.stop()
-        await self.proxy.stop()
+        await self.datapath.stop()
         if self.link is not None:
             self.link.member.stop()
 

@@ -12,7 +12,7 @@ uvloop owns a transport's fd (``loop.add_reader`` on it raises), so the shell
 pauses the broker transport's reading, and :class:`Splice` works on ``dup``'ed
 fds of both sockets, watched with ``loop.add_reader`` / ``loop.add_writer``.
 The rules that keep the byte stream in order, kept by the shell
-(``proxy.server``):
+(``proxy.connection``):
 
 * a splice starts only when the client transport has nothing buffered
   (``get_write_buffer_size() == 0``): everything written before is in the

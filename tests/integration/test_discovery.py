@@ -63,8 +63,8 @@ def test_a_listener_that_cannot_bind_closes_its_clients_and_is_bound_by_a_later_
     blocker.listen()
     try:
         with NodeThread(config) as node:
-            assert set(node.book.bound) == set(broker_ids) - {blocked}
-            assert node.unbound == [blocked] and node.status()["unbound"] == [blocked]
+            assert set(node.listeners.bound) == set(broker_ids) - {blocked}
+            assert node.unbound == [blocked] and node.status().to_json()["unbound"] == [blocked]
             # The response names a broker without a listener: closed, not hung, not leaked.
             assert metadata(BOOTSTRAP_PORT) is None
             # Another broker's listener still forwards to its broker.
@@ -72,9 +72,9 @@ def test_a_listener_that_cannot_bind_closes_its_clients_and_is_bound_by_a_later_
             assert versions is not None and versions.error_code == 0
             blocker.close()
             deadline = time.monotonic() + DEADLINE_S
-            while blocked not in node.book.bound and time.monotonic() < deadline:
+            while blocked not in node.listeners.bound and time.monotonic() < deadline:
                 time.sleep(0.1)
-            assert blocked in node.book.bound, "the refresh loop did not bind the freed port"
+            assert blocked in node.listeners.bound, "the refresh loop did not bind the freed port"
             body = metadata(BOOTSTRAP_PORT)
             assert body is not None
             assert sorted((b.node_id, b.host, b.port) for b in body.brokers) == [

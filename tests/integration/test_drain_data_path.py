@@ -20,10 +20,13 @@ from kio.schema.fetch.v12.response import FetchResponse
 from kio.schema.heartbeat.v4.request import HeartbeatRequest
 from kio.static.primitive import i32Timedelta
 
-from proxy import server as proxy_server
+from membership.serving import ServingMap
+from proxy import drain as drain_core
+from proxy import registry as proxy_registry
 from proxy._fixtures import decode_response, make, request_frame
-from proxy.config import parse
-from proxy.server import ProxyNode
+from proxy.config import parse, proxy_node
+from proxy.datapath import DataPath
+from proxy.drain import DrainState
 
 pytestmark = [pytest.mark.integration]
 
@@ -71,10 +74,10 @@ def test_drain_closes_each_connection_at_its_first_idle_moment(kafka_cluster, to
     api_versions = request_frame(make(ApiVersionsRequest), 7)
 
     async def scenario() -> dict[str, float | bool | int]:
-        node = ProxyNode(config, "p1")
+        node = DataPath(config, "p1")
         await node.start()
         try:
-            port = config.broker_port(leader)
+            port = proxy_node(config, "p1").address_for(leader)[1]
             busy_r, busy_w = await asyncio.open_connection(HOST, port)
             idle_r, idle_w = await asyncio.open_connection(HOST, port)
             # Both connections work; then the busy one parks a long poll at the broker.
@@ -84,12 +87,12 @@ def test_drain_closes_each_connection_at_its_first_idle_moment(kafka_cluster, to
             busy_w.write(_long_poll(topic_name, 1))
             await busy_w.drain()
             deadline = time.monotonic() + 5
-            while sum(p.codec.in_flight for p in node._pairs) < 1 and time.monotonic() < deadline:
+            while sum(p.codec.in_flight for p in node.registry.pairs) < 1 and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
-            in_flight = sum(p.codec.in_flight for p in node._pairs)
+            in_flight = sum(p.codec.in_flight for p in node.registry.pairs)
 
             t0 = time.monotonic()
-            drained = node.identities_moved({leader})
+            drained = node.drain_identities({leader})
             # Written during the grace: forwarded and answered before the close.
             busy_w.write(api_versions)
             idle_closed = await _eof_within(idle_r, 0.2)
@@ -115,7 +118,7 @@ def test_drain_closes_each_connection_at_its_first_idle_moment(kafka_cluster, to
     assert r["idle_closed"] and r["idle_s"] < 0.2, r  # nothing in flight: closed at once
     assert r["cids"] == [1, 7] and r["fetch_error"] == 0, r  # the long poll and the request sent while draining
     # The long poll was answered by the broker (not cut short), then the connection closed right after.
-    assert r["answered_s"] >= proxy_server.DRAIN_IDLE_GRACE_S, r
+    assert r["answered_s"] >= drain_core.DRAIN_IDLE_GRACE_S, r
     assert r["busy_closed"] and r["closed_s"] - r["answered_s"] < 0.5, r
 
 
@@ -126,22 +129,22 @@ def test_drain_never_closes_over_an_unread_request(kafka_cluster, topic_name):
     config, leader = _node_config_and_leader(kafka_cluster, topic_name)
 
     async def scenario() -> dict[str, object]:
-        node = ProxyNode(config, "p1")
+        node = DataPath(config, "p1")
         await node.start()
         try:
-            r, w = await asyncio.open_connection(HOST, config.broker_port(leader))
+            r, w = await asyncio.open_connection(HOST, proxy_node(config, "p1").address_for(leader)[1])
             w.write(request_frame(make(ApiVersionsRequest), 1))
             await _read_frame(r, 10)
-            (pair,) = [p for p in node._pairs if p.listener == leader]
+            (pair,) = [p for p in node.registry.pairs if p.listener == leader]
             w.write(request_frame(make(ApiVersionsRequest), 2))
             # Without yielding to the loop (so the proxy cannot read it): wait, bounded, until the
             # request is in the proxy's socket; blocking the loop here is the point.
             deadline = time.monotonic() + 2
-            while not proxy_server.unread_bytes(pair.client) and time.monotonic() < deadline:
+            while not proxy_registry.unread_bytes(pair.client) and time.monotonic() < deadline:
                 time.sleep(0.001)
-            unread = proxy_server.unread_bytes(pair.client)
+            unread = proxy_registry.unread_bytes(pair.client)
             idle = pair.codec.idle
-            node.identities_moved({leader})
+            node.drain_identities({leader})
             try:
                 frame = await _read_frame(r, 5)
             except (ConnectionError, asyncio.IncompleteReadError) as exc:  # the request was lost
@@ -173,10 +176,10 @@ def test_group_coordinator_connections_move_last(kafka_cluster, topic_name):
                                    member_id="nobody"), 2)
 
     async def scenario() -> dict[str, object]:
-        node = ProxyNode(config, "p1")
+        node = DataPath(config, "p1")
         await node.start()
         try:
-            port = config.broker_port(leader)
+            port = proxy_node(config, "p1").address_for(leader)[1]
             conns = {}
             for name, frames in (("plain", [api_versions]), ("group", [api_versions, heartbeat])):
                 r, w = await asyncio.open_connection(HOST, port)
@@ -184,18 +187,18 @@ def test_group_coordinator_connections_move_last(kafka_cluster, topic_name):
                     w.write(frame)
                     await _read_frame(r, 10)  # the broker answers the heartbeat with an error: fine
                 conns[name] = (r, w)
-            by_port = {p.client.get_extra_info("peername")[1]: p for p in node._pairs}
+            by_port = {p.client.get_extra_info("peername")[1]: p for p in node.registry.pairs}
             pair = {name: by_port[w.get_extra_info("sockname")[1]] for name, (_, w) in conns.items()}
             out: dict[str, object] = {"flags": {name: p.group for name, p in pair.items()}}
 
             # 1. The identity moves away and comes back within the delay: the group connection stays.
-            node.book.update(1, {leader: "p2"})
-            node.identities_moved({leader})
-            out["due"] = {name: p.drain_due for name, p in pair.items()}
-            node.book.update(2, {leader: "p1"})
+            node.apply_map(ServingMap(epoch=1, owners={leader: "p2"}))  # drains what moved away
+            out["due"] = {name: p.drain is not None and p.drain.state is DrainState.DRAIN_DUE
+                          for name, p in pair.items()}
+            node.apply_map(ServingMap(epoch=2, owners={leader: "p1"}))
             out["plain_closed"] = await _eof_within(conns["plain"][0], 0.5)
             deadline = time.monotonic() + 2
-            while pair["group"].drain_due and time.monotonic() < deadline:
+            while pair["group"].drain.state is DrainState.DRAIN_DUE and time.monotonic() < deadline:
                 await asyncio.sleep(0.01)
             r, w = conns["group"]
             w.write(request_frame(make(ApiVersionsRequest), 3))
@@ -203,9 +206,8 @@ def test_group_coordinator_connections_move_last(kafka_cluster, topic_name):
             out["stayed_draining"] = pair["group"].draining
 
             # 2. It moves away for good: the group connection goes, after the delay.
-            node.book.update(3, {leader: "p2"})
-            node.identities_moved({leader})
-            out["open_at_once"] = not pair["group"].closed and pair["group"].drain_due
+            node.apply_map(ServingMap(epoch=3, owners={leader: "p2"}))
+            out["open_at_once"] = not pair["group"].closed and pair["group"].drain.state is DrainState.DRAIN_DUE
             out["group_closed"] = await _eof_within(r, 2)
             for _, w in conns.values():
                 w.close()

@@ -16,7 +16,7 @@ import pytest
 import uvloop
 
 from proxy.config import parse
-from proxy.server import ProxyNode
+from proxy.datapath import DataPath
 
 pytestmark = [pytest.mark.integration]
 
@@ -26,19 +26,19 @@ VALUE_BYTES = 2048  # ~6 MB in all: fetch responses of several MB, far above spl
 
 
 class NodeThread:
-    """A ProxyNode on its own uvloop in a background thread (the clients block)."""
+    """A DataPath on its own uvloop in a background thread (the clients block)."""
 
     def __init__(self, config) -> None:  # type: ignore[no-untyped-def]
         self.config = config
         self.loop = uvloop.new_event_loop()
-        self.node: ProxyNode | None = None
+        self.node: DataPath | None = None
         self.thread = threading.Thread(target=self.loop.run_forever, name="proxy-node-23", daemon=True)
 
-    def __enter__(self) -> ProxyNode:
+    def __enter__(self) -> DataPath:
         self.thread.start()
 
-        async def start() -> ProxyNode:
-            node = ProxyNode(self.config, "p1")
+        async def start() -> DataPath:
+            node = DataPath(self.config, "p1")
             await node.start(discovery_timeout=30)
             return node
 

@@ -1,4 +1,4 @@
-"""The copy path of proxy.server (splice off) on real loopback TCP, uvloop and asyncio: a client
+"""The copy path of proxy.connection (splice off) on real loopback TCP, uvloop and asyncio: a client
 that does not read pauses the broker side, so the proxy holds at most about the high-water mark
 plus one read; a broker connection that ends closes the client connection (never a hang), and a
 client that goes away closes the broker connection."""
@@ -47,7 +47,7 @@ def test_a_client_that_does_not_read_pauses_the_broker_side(run):  # noqa: F811
         loop = asyncio.get_running_loop()
         sender = loop.run_in_executor(None, rig.broker.sendall, stream)
         await _wait_for(lambda: not rig.pair.upstream.is_reading(), "the proxy pausing the broker side")
-        high_water = rig.node.config.limits.high_water_bytes
+        high_water = rig.node.limits.high_water_bytes
         assert rig.pair.client.get_write_buffer_size() <= high_water + READ_BUFFER_BYTES
         assert not sender.done()  # the broker is held back, not buffered in the proxy
         # The client reads: everything arrives, in order, and the broker gets to send the rest.
@@ -71,7 +71,7 @@ def test_the_broker_closing_between_frames_closes_the_client(run):  # noqa: F811
         rig.broker.close()
         assert await _recv_end(rig.client) == b""  # the client is not left hanging
         await _wait_for(lambda: rig.pair.closed, "the pair closing")
-        assert rig.pair not in rig.node._pairs
+        assert rig.pair not in rig.node.pairs
         rig.client.close()
 
     run(scenario)
@@ -83,7 +83,7 @@ def test_the_client_going_away_closes_the_broker_connection(run):  # noqa: F811
         rig.request(1)
         rig.client.close()
         assert await _recv_end(rig.broker) == b""  # the broker side sees the close
-        assert rig.pair.closed and rig.pair not in rig.node._pairs
+        assert rig.pair.closed and rig.pair not in rig.node.pairs
         rig.broker.close()
 
     run(scenario)

@@ -6,7 +6,7 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from proxy.config import ConfigError, parse
+from proxy.config import ConfigError, parse, proxy_node, proxy_nodes
 
 pytestmark = [pytest.mark.unit]
 
@@ -37,7 +37,7 @@ def _with(**changes):  # type: ignore[no-untyped-def]
 def test_good_config_parses():
     cfg = parse(GOOD, env={"PW": "s3cret"})
     assert cfg.node("p1").host == "127.0.0.11"
-    assert cfg.broker_port(3) == 9103
+    assert proxy_node(cfg, "p1").address_for(3) == ("127.0.0.11", 9103)
     assert cfg.fleet is not None and cfg.fleet.password == "s3cret"
     assert cfg.limits.fetch_max_version == 15
 
@@ -81,3 +81,21 @@ def test_run_with_bad_config_exits_2_naming_the_field(tmp_path):
     assert missing.exit_code == 2 and "does not exist" in missing.output
     unknown = CliRunner().invoke(cli, ["run", "--config", str(bad).replace("bad", "x"), "--node", "p9"])
     assert unknown.exit_code == 2
+
+
+def test_proxy_nodes_carry_the_port_scheme_of_every_node():
+    """The node table the data path binds from: an explicit port wins over the base,
+    every node gets the same scheme, a broker without a port is a ValueError."""
+    raw = {"upstream": {"bootstrap": ["127.0.0.1:19092"]}, "ports": {"map": {"1": 7001, "2": 7002}},
+           "nodes": [{"id": "p1", "host": "127.0.0.11", "bootstrap_port": 9092, "rack": "r1"},
+                     {"id": "p2", "host": "127.0.0.12", "bootstrap_port": 9092}]}
+    p1, p2 = proxy_nodes(parse(raw, env={}))
+    assert (p1.id, p1.rack, p2.id, p2.rack) == ("p1", "r1", "p2", None)
+    assert p1.address_for(2) == ("127.0.0.11", 7002) and p2.address_for(1) == ("127.0.0.12", 7001)
+    with pytest.raises(ValueError):
+        p1.address_for(3)
+    raw["ports"] = {"base": 9100, "map": {"1": 7001}}
+    assert proxy_node(parse(raw, env={}), "p2").address_for(1) == ("127.0.0.12", 7001)
+    assert proxy_node(parse(raw, env={}), "p2").address_for(5) == ("127.0.0.12", 9105)
+    with pytest.raises(ConfigError):
+        proxy_node(parse(raw, env={}), "p9")

@@ -10,7 +10,6 @@ a transport that sent everything would), then checks the output stream.
 from __future__ import annotations
 
 import datetime
-import types
 
 import pytest
 
@@ -213,24 +212,25 @@ class HoldingTransport:
 
 @pytest.mark.parametrize("send_per_write", [1 << 30, 100, 7])
 def test_upstream_side_never_overwrites_bytes_a_transport_holds(send_per_write: int) -> None:
-    from proxy import server
+    from proxy import connection
+    from proxy.config import Limits
+    from proxy.drain import NodeDrain
     from proxy.metrics import ProxyMetrics
+    from proxy.registry import ConnectionRegistry
 
     stream, expected, pending = b"", b"", []
     for base in (0, 10, 20):
         more = response_stream(base)
         stream, expected, pending = stream + more[0], expected + more[1], pending + more[2]
-    node = types.SimpleNamespace(
-        rewriter=ResponseRewriter(proxy_address),
-        config=types.SimpleNamespace(limits=types.SimpleNamespace(max_frame_bytes=1 << 20, splice_min_bytes=0),
-                                     tap_dir=None),  # the copy path: no splice (tests/unit/test_splice.py)
-        local=types.SimpleNamespace(id="p1"), metrics=ProxyMetrics("p1"), _pairs=set())
-    pair = server._Pair(node, 1)  # type: ignore[arg-type]
+    # the copy path: no splice (tests/unit/test_splice.py)
+    node = ConnectionRegistry("p1", Limits(max_frame_bytes=1 << 20, splice_min_bytes=0), ProxyMetrics("p1"),
+                              ResponseRewriter(proxy_address), NodeDrain(takeover=False))
+    pair = connection.Pair(node, 1)
     for correlation_id, api_key, api_version in pending:
         pair.codec.table.add(correlation_id, api_key, api_version)
     client = HoldingTransport(send_per_write)
     pair.client = client  # type: ignore[assignment]
-    side = server.UpstreamSide(pair)
+    side = connection.UpstreamSide(pair)
     side._buffers = ReadBuffers(50)  # small reads: many of them
     pos = 0
     while pos < len(stream):

@@ -1,5 +1,5 @@
 """Splicing large pass-through response bodies (proxy.splice, the shell in
-proxy.server): the codec's skip() against feeding the same bytes, and the
+proxy.connection): the codec's skip() against feeding the same bytes, and the
 splice state machine on real loopback TCP sockets (127.0.0.23) driven by the
 real UpstreamSide protocol on uvloop and on asyncio's own loop."""
 
@@ -9,7 +9,6 @@ import asyncio
 import os
 import socket
 import struct
-import types
 
 import pytest
 import uvloop
@@ -17,7 +16,7 @@ from click.testing import CliRunner
 
 from cli.main import cli
 
-from proxy import server as server_mod
+from proxy import connection as server_mod
 from proxy.buffers import read_buffers
 from proxy.codec import ConnectionCodec
 from proxy.codec import CorrelationTable
@@ -26,7 +25,9 @@ from proxy.config import DEFAULT_SPLICE_MIN_BYTES
 from proxy.config import ConfigError
 from proxy.config import Limits
 from proxy.config import parse
+from proxy.drain import NodeDrain
 from proxy.metrics import ProxyMetrics
+from proxy.registry import ConnectionRegistry
 from proxy.rewrite import ResponseRewriter
 from proxy.splice import PipePool
 from proxy.splice import Splice
@@ -147,8 +148,8 @@ class _Sink(asyncio.Protocol):
 class _ClientEnd(server_mod.ClientSide):
     """The real ClientSide (flow control, close on EOF) without dialling a broker: the rig has one."""
 
-    def __init__(self, pair: server_mod._Pair) -> None:
-        self.node = pair.node
+    def __init__(self, pair: server_mod.Pair) -> None:
+        self.registry = pair.registry
         self.pair = pair
         self._buffers = read_buffers()
         self._view = self._buffers.view
@@ -171,13 +172,10 @@ class Rig:
     async def start(self) -> "Rig":
         loop = asyncio.get_running_loop()
         limits = Limits(splice_min_bytes=self.splice_min)
-        self.node = types.SimpleNamespace(
-            config=types.SimpleNamespace(limits=limits, tap_dir=None), rewriter=None,
-            metrics=ProxyMetrics("t"), _pairs=set(), finish_checks=0)
-        self.node._maybe_finish_drain = lambda pair: None
+        self.node = ConnectionRegistry("t", limits, ProxyMetrics("t"), None, NodeDrain(takeover=False))
+        self.pair = server_mod.Pair(self.node, 1)
+        self.node.pairs.add(self.pair)  # as ConnectionRegistry.accept does
         self.node.metrics.active.inc()
-        self.pair = server_mod._Pair(self.node, 1)  # type: ignore[arg-type]
-        self.node._pairs.add(self.pair)  # as ClientSide.connection_made does
         self.broker, proxy_up = tcp_pair()
         self.client, proxy_client = tcp_pair()
         self.broker.settimeout(10)
@@ -384,7 +382,7 @@ def test_broker_eof_mid_body_aborts_the_pair(run):
         assert bytes(got) == cut[: len(got)] and len(got) <= len(cut)
         assert recorded, "nothing was spliced"
         assert rig.pair.closed and rig.pair.splice is None
-        assert rig.pair not in rig.node._pairs
+        assert rig.pair not in rig.node.pairs
         await asyncio.sleep(0)
         assert open_fds() <= fds + 2  # the client's socket object is still open in the test
         rig.client.close()

@@ -1,0 +1,283 @@
+"""One proxied connection: the client's and the broker's asyncio protocols.
+
+A client connection on broker B's port is paired (:class:`Pair`) with one
+upstream connection to broker B; the bootstrap port pairs with any live
+broker. Per pair, a :class:`proxy.codec.ConnectionCodec` (sans-IO) observes
+request headers (to fill the correlation table) and splits the response stream
+into pass-through slices and whole address-carrying frames for
+:class:`proxy.rewrite.ResponseRewriter`.
+
+Forwarding is cut-through: request chunks are written upstream as received;
+response chunks are written to the client as received except frames that must
+be rewritten; the rest of a large pass-through frame is spliced
+(:mod:`proxy.splice`). Backpressure runs both ways: when one side's write
+buffer goes above ``limits.high_water_bytes`` the other side stops reading.
+
+Everything a connection needs from its node goes through its
+:class:`proxy.registry.ConnectionRegistry`: accounting, the upstream
+connection, learning unknown brokers, the drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import itertools
+import logging
+import os
+import struct
+import termios
+from typing import TYPE_CHECKING
+
+from proxy.buffers import ReadBuffers, read_buffers
+from proxy.codec import ConnectionCodec
+from proxy.config import HostPort
+from proxy.drain import GROUP_API_KEYS, ConnectionDrain
+from proxy.errors import ProtocolError, RewriteError
+from proxy.splice import AVAILABLE as SPLICE_AVAILABLE
+from proxy.splice import Splice
+
+if TYPE_CHECKING:
+    from proxy.registry import ConnectionRegistry
+
+log = logging.getLogger("kproxy.proxy")
+
+
+def unread_bytes(transport: asyncio.BaseTransport) -> int:
+    """Bytes the kernel holds for ``transport``'s socket that it has not read
+    yet (FIONREAD); 0 when that cannot be told."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):  # closed meanwhile
+        return 0
+
+
+class Pair:
+    """One client connection and its upstream connection.
+
+    ``draining`` mirrors ``drain.draining`` (the flow-control and per-chunk
+    checks read a plain attribute); ``drain`` exists once a drain started."""
+
+    __slots__ = ("registry", "listener", "client", "upstream", "codec", "closed", "draining", "peer", "upstream_addr",
+                 "_pending", "tap", "splice", "group", "drain")
+    _ids = itertools.count()
+
+    def __init__(self, registry: ConnectionRegistry, listener: int) -> None:
+        self.registry = registry
+        self.listener = listener
+        self.client: asyncio.Transport | None = None
+        self.upstream: asyncio.Transport | None = None
+        self.codec = ConnectionCodec(registry.rewriter, max_frame_size=registry.limits.max_frame_bytes)
+        self.closed = False
+        self.draining = False
+        self.group = False  # it carried group-coordinator requests (GROUP_API_KEYS)
+        self.drain: ConnectionDrain | None = None
+        self.peer = "?"
+        self.upstream_addr: HostPort | None = None
+        self._pending: list[bytes] = []  # copies: read buffers are reused
+        self.tap = None
+        self.splice: Splice | None = None  # a response body being spliced to the client (proxy.splice)
+        if registry.tap_dir:
+            path = f"{registry.tap_dir}/{registry.node_id}-{os.getpid()}-{next(self._ids)}.bin"
+            self.tap = open(path, "wb")
+
+    def close(self, reason: str, *, level: int = logging.DEBUG) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        log.log(level, "closing connection", extra={"peer": self.peer, "listener": self.listener, "reason": reason})
+        if self.splice is not None:  # before the transports: it holds dup'ed fds of both sockets
+            self.splice.cancel()
+            self.splice = None
+        for t in (self.client, self.upstream):
+            if t is not None and not t.is_closing():
+                t.close()  # flushes what is buffered, then FIN
+        self.registry.discard(self)
+        if self.tap is not None:
+            self.tap.close()
+
+    def abort(self, reason: str) -> None:
+        if not self.closed:
+            self.close(reason, level=logging.WARNING)
+        for t in (self.client, self.upstream):
+            if t is not None:
+                t.abort()
+
+
+class ClientSide(asyncio.BufferedProtocol):
+    """Client -> broker. Reads into the loop's shared buffer (proxy.buffers)."""
+
+    def __init__(self, registry: ConnectionRegistry, listener: int) -> None:
+        self.registry = registry
+        self.pair = Pair(registry, listener)
+        self._buffers: ReadBuffers = read_buffers()
+        self._view: memoryview = self._buffers.view
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        pair = self.pair
+        pair.client = transport
+        peer = transport.get_extra_info("peername")
+        pair.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        transport.set_write_buffer_limits(high=self.registry.limits.high_water_bytes)
+        transport.pause_reading()  # until the upstream connection is made
+        self.registry.accept(pair)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        view = self._view = self._buffers.view
+        return view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        pair = self.pair
+        data = self._view[:nbytes]
+        try:
+            headers = pair.codec.requests.feed(data)
+        except ProtocolError as exc:
+            self.registry.metrics.protocol_error("client")
+            log.warning("protocol error from client, closing its connection",
+                        extra={"peer": pair.peer, "listener": pair.listener, "reason": str(exc)})
+            pair.abort(f"protocol error: {exc}")
+            return
+        metrics = self.registry.metrics
+        if headers:
+            metrics.count_requests(headers)
+            if not pair.group:
+                pair.group = any(h.api_key in GROUP_API_KEYS for h in headers)
+        metrics.bytes_to_broker += nbytes
+        upstream = pair.upstream
+        if upstream is not None:
+            upstream.write(data)
+            if upstream.get_write_buffer_size():  # it may keep a view of the buffer
+                self._buffers.release(upstream)
+        else:  # cannot happen while paused, kept for safety
+            pair._pending.append(bytes(data))
+
+    def eof_received(self) -> bool | None:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.pair.close("client gone")
+
+    def pause_writing(self) -> None:
+        if self.pair.upstream is not None:
+            self.pair.upstream.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.pair.upstream is not None and not self.pair.closed:
+            self.pair.upstream.resume_reading()
+
+
+class UpstreamSide(asyncio.BufferedProtocol):
+    """Broker -> client. Reads into the loop's shared buffer (proxy.buffers);
+    the rest of a large pass-through frame is spliced instead (proxy.splice)."""
+
+    def __init__(self, pair: Pair) -> None:
+        self.pair = pair
+        self._buffers: ReadBuffers = read_buffers()
+        self._view: memoryview = self._buffers.view
+        # The tap records what is written to the client: with it, never splice.
+        limit = pair.registry.limits.splice_min_bytes
+        self._splice_min = limit if SPLICE_AVAILABLE and pair.tap is None else 0
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.set_write_buffer_limits(high=self.pair.registry.limits.high_water_bytes)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        view = self._view = self._buffers.view
+        return view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        pair = self.pair
+        registry = pair.registry
+        responses = pair.codec.responses
+        try:
+            out = responses.feed(self._view[:nbytes])
+        except ProtocolError as exc:
+            registry.metrics.protocol_error("broker")
+            log.warning("protocol error from broker, closing the pair",
+                        extra={"peer": pair.peer, "listener": pair.listener, "reason": str(exc)})
+            pair.abort(f"broker protocol error: {exc}")
+            return
+        except RewriteError as exc:
+            log.error("cannot rewrite response, closing the pair",
+                      extra={"peer": pair.peer, "listener": pair.listener, "reason": str(exc)})
+            pair.abort(f"rewrite error: {exc}")
+            return
+        registry.metrics.bytes_to_client += nbytes
+        client = pair.client
+        if out and client is not None:
+            if len(out) == 1:  # the common case: one pass-through slice; write() avoids a join
+                client.write(out[0])
+            else:
+                client.writelines(out)
+            if pair.tap is not None:
+                pair.tap.writelines(out)
+            if client.get_write_buffer_size():  # it may keep a view of the buffer
+                self._buffers.release(client)
+        stalled = responses.stalled
+        if stalled is not None:
+            assert pair.upstream is not None
+            pair.upstream.pause_reading()
+            registry.stalled(pair, stalled)
+        elif (self._splice_min and responses.remaining_pass_through >= self._splice_min and client is not None
+              and not client.get_write_buffer_size() and not pair.closed):
+            # Everything written to the client so far is in the kernel: the
+            # rest of this frame's body may go around user space.
+            self._splice(client, responses.remaining_pass_through)
+        elif pair.draining:
+            registry.drain_progress(pair)
+
+    def _splice(self, client: asyncio.Transport, count: int) -> None:
+        pair = self.pair
+        upstream = pair.upstream
+        if upstream is None or upstream.is_closing() or client.is_closing():
+            return
+        try:
+            job = Splice(asyncio.get_running_loop(), upstream.get_extra_info("socket").fileno(),
+                         client.get_extra_info("socket").fileno(), count,
+                         on_read=self._spliced, on_done=self._splice_done, on_error=self._splice_failed)
+        except OSError as exc:  # out of fds, most likely: copy as usual
+            log.warning("cannot splice, copying", extra={"peer": pair.peer, "listener": pair.listener,
+                                                          "reason": str(exc)})
+            return
+        upstream.pause_reading()  # nothing else is read (nor written to the client) until it is done
+        pair.splice = job
+        job.start()
+
+    def _spliced(self, n: int) -> None:
+        metrics = self.pair.registry.metrics
+        metrics.bytes_to_client += n
+        metrics.spliced_bytes += n
+
+    def _splice_done(self) -> None:
+        pair = self.pair
+        job = pair.splice
+        assert job is not None
+        pair.splice = None
+        pair.codec.responses.skip(job.count)
+        if pair.closed:
+            return
+        if pair.upstream is not None:
+            pair.upstream.resume_reading()
+        if pair.draining:
+            pair.registry.drain_progress(pair)
+
+    def _splice_failed(self, reason: str) -> None:
+        self.pair.splice = None
+        self.pair.abort(reason)
+
+    def eof_received(self) -> bool | None:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.pair.close("broker connection lost")
+
+    def pause_writing(self) -> None:
+        if self.pair.client is not None:
+            self.pair.client.pause_reading()
+
+    def resume_writing(self) -> None:
+        if self.pair.client is not None and not self.pair.closed and not self.pair.draining:
+            self.pair.client.resume_reading()

@@ -1,0 +1,291 @@
+"""One node's data path: listeners, upstream brokers and client connections, wired.
+
+Theory of operation
+-------------------
+A :class:`DataPath` binds, on its own address, one bootstrap port plus one
+port per broker identity (eagerly, for every broker discovered upstream:
+:mod:`proxy.discovery`, :mod:`proxy.listeners`). Each client connection is
+paired with an upstream connection (:mod:`proxy.connection`) and lives in the
+node's :class:`proxy.registry.ConnectionRegistry`.
+
+Which proxy advertises which broker identity is *not* decided here: the one
+input is a :class:`membership.serving.ServingMap`, pushed in by
+:meth:`DataPath.apply_map` (the fleet's), or, for a node without a fleet,
+rebuilt with :func:`membership.serving.standalone_map` whenever the bound
+listeners change. :class:`proxy.advertised.AdvertisedAddresses` turns it into
+what clients are told. When an identity moves away from this node, the
+clients connected to it here are drained (:mod:`proxy.drain`): closed at an
+idle moment so the client refreshes metadata and reconnects to the new owner
+(DESIGN §4). The map's ``draining`` drains or undrains the whole node, and its
+stand-in duties drive address takeover (:mod:`proxy.takeover`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+import attrs
+
+from membership.serving import BOOTSTRAP, ServingMap, standalone_map
+from proxy.advertised import AdvertisedAddresses
+from proxy.config import Config, proxy_node
+from proxy.connection import Pair, UpstreamSide
+from proxy.discovery import BrokerDiscovery
+from proxy.drain import CloseListeners, DrainAt, DrainConnections, NodeDrain, Rebind
+from proxy.errors import ProtocolError, RewriteError, UnknownBroker
+from proxy.listeners import Listeners
+from proxy.metrics import ProxyMetrics
+from proxy.registry import ConnectionRegistry
+from proxy.rewrite import BrokerAddress, ResponseRewriter
+from proxy.takeover import wanted_stand_ins
+from proxy.upstream import UpstreamBroker
+
+log = logging.getLogger("kproxy.proxy")
+FETCH = 1
+
+
+@attrs.frozen
+class BrokerStatus:
+    id: int
+    host: str
+    port: int
+    rack: str | None
+    advertised: str | None  # "host:port" clients are told, None while not bound here
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.id, "host": self.host, "port": self.port, "rack": self.rack, "advertised": self.advertised}
+
+
+@attrs.frozen
+class DataPathStatus:
+    """What the data path reports in ``/status`` (the runtime adds the fleet's part)."""
+
+    node: str
+    bootstrap: str
+    listeners: tuple[int, ...]
+    unbound: tuple[int, ...]
+    standing_in: tuple[str, ...]
+    connections: int
+    draining: bool
+    brokers: tuple[BrokerStatus, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {"node": self.node, "bootstrap": self.bootstrap, "listeners": list(self.listeners),
+                "unbound": list(self.unbound), "standing_in": list(self.standing_in),
+                "connections": self.connections, "draining": self.draining,
+                "brokers": [b.to_json() for b in self.brokers]}
+
+
+class DataPath:
+    """One proxy node's data path. ``await start()``, ``await stop()``."""
+
+    def __init__(self, config: Config, node_id: str, *, fleet: bool = False,
+                 metrics: ProxyMetrics | None = None) -> None:
+        """``fleet=False``: this node advertises every identity it has bound
+        itself. With a fleet, the map comes from ``apply_map``."""
+        self.config = config
+        self.local = config.node(node_id)
+        self.node = proxy_node(config, node_id)
+        self.fleet = fleet
+        self.metrics = metrics or ProxyMetrics(node_id)
+        # Address takeover (fleet only): listeners on the addresses of vacant nodes.
+        self.takeover_enabled = fleet and config.fleet is not None and config.fleet.address_takeover
+        self.node_drain = NodeDrain(self.takeover_enabled)
+        self.advertised = AdvertisedAddresses(self.node)
+        self._owners: dict[int, str] = {}
+        self.rewriter = ResponseRewriter(self.advertised.address_of, on_brokers=self._brokers_seen,
+                                         version_caps={FETCH: config.limits.fetch_max_version})
+        self.metrics.watch_rewrites(self.rewriter.counts)
+        self.registry = ConnectionRegistry(node_id, config.limits, self.metrics, self.rewriter, self.node_drain,
+                                           tap_dir=config.tap_dir)
+        self.registry.connect = self._connect_upstream
+        self.registry.unstall = self._unstall
+        self.registry.owned_here = self._owned_here
+        self.listeners = Listeners(self.node, self.registry, reuse_port=self.takeover_enabled,
+                                   on_bound=self._bound_changed)
+        self.discovery = BrokerDiscovery(config, self.node.host, self.listeners, self.registry)
+        # Upstream connections leave from this node's own address (like a separate host).
+        self._source = (self.node.host, 0)
+        self.started_at = time.time()
+
+    # ----------------------------------------------------------- lifecycle
+    async def start(self, discovery_timeout: float = 60.0) -> None:
+        await self.discovery.first(discovery_timeout)
+        await self.listeners.bind_bootstrap()
+        self.registry.spawn(self.discovery.refresh_loop())
+        log.info("proxy node serving", extra={"node": self.node.id, "bootstrap": self.bootstrap_address,
+                                              "brokers": sorted(self.brokers)})
+
+    async def stop(self) -> None:
+        self.listeners.close_all()
+        await self.registry.stop()
+
+    @property
+    def brokers(self) -> dict[int, UpstreamBroker]:
+        return self.discovery.brokers
+
+    @property
+    def serving(self) -> ServingMap:
+        """The map in effect."""
+        return self.advertised.serving
+
+    @property
+    def draining(self) -> bool:
+        return self.node_drain.draining
+
+    @property
+    def connections(self) -> int:
+        return len(self.registry.pairs)
+
+    @property
+    def bootstrap_address(self) -> str:
+        return f"{self.node.host}:{self.node.bootstrap_port}"
+
+    @property
+    def unbound(self) -> list[int]:
+        return self.discovery.unbound
+
+    def on_brokers_changed(self, callback: Callable[[list[UpstreamBroker]], None]) -> None:
+        self.discovery.on_changed(callback)
+
+    def _brokers_seen(self, api_key: int, brokers: tuple[BrokerAddress, ...], complete: bool) -> None:
+        self.discovery.brokers_seen(api_key, brokers, complete)
+
+    # --------------------------------------------------------- the map
+    def apply_map(self, serving: ServingMap) -> int:
+        """A new map is in effect: advertise it, drain the clients of identities
+        that moved away from this node, drain or undrain the whole node as the
+        map says (fleet), and stand in as it says. Returns connections drained."""
+        me = self.node.id
+        old = self.advertised.serving
+        moved_away = old.owned_by(me) - serving.owned_by(me)
+        self.advertised.apply(serving)
+        self._owners = serving.owner_map()
+        if old.epoch != serving.epoch or moved_away:
+            log.info("assignment in effect", extra={"epoch": serving.epoch, "owners": dict(serving.owners),
+                                                    "moved_away": sorted(moved_away)})
+        drained = self.registry.drain(set(moved_away)) if moved_away else 0
+        if self.fleet:
+            if me in serving.draining and not self.draining:
+                drained += self.drain_all()
+            elif me not in serving.draining and self.draining:
+                self.registry.spawn(self.undrain())
+        if self.takeover_enabled:
+            self.registry.spawn(self._sync_takeover())
+        return drained
+
+    def _bound_changed(self, bound: frozenset[int]) -> None:
+        self.advertised.set_bound(bound)
+        if not self.fleet:
+            self.apply_map(standalone_map(self.node, bound, version=self.serving.version + 1,
+                                          changed_at=time.monotonic()))
+
+    def _owned_here(self, listener: int) -> bool:
+        return listener == BOOTSTRAP or self._owners.get(listener) == self.node.id
+
+    async def _sync_takeover(self) -> None:
+        wanted = wanted_stand_ins(self.serving, self.node.id, self.listeners.bound, draining=self.draining)
+        await self.listeners.stand_in(wanted)
+
+    # ----------------------------------------------------------- drain
+    def drain_identities(self, moved_away: set[int]) -> int:
+        """Drain client connections on identities this node no longer advertises."""
+        return self.registry.drain(moved_away)
+
+    def drain_all(self) -> int:
+        """Graceful node drain: move every client away, stop accepting (proxy.drain.NodeDrain)."""
+        now = asyncio.get_running_loop().time()
+        count = 0
+        for action in self.node_drain.drain_all(now):
+            if isinstance(action, CloseListeners):
+                self.listeners.release_stand_ins()
+                self.listeners.close_own(action.at - now)
+            elif isinstance(action, DrainConnections):
+                count += self.registry.drain()
+        return count
+
+    async def undrain(self) -> None:
+        """Serve again after ``drain_all``: bind every listener again."""
+        for action in self.node_drain.undrain():
+            assert isinstance(action, Rebind)
+            await self.discovery.learn(list(self.brokers.values()))
+            await self.listeners.bind_bootstrap()
+            if self.takeover_enabled:
+                self.registry.spawn(self._sync_takeover())
+            log.info("node serving again", extra={"node": self.node.id})
+
+    # -------------------------------------------------------- upstream
+    async def _connect_upstream(self, pair: Pair) -> None:
+        loop = asyncio.get_running_loop()
+        errors = []
+        for address in self.discovery.upstream_for(pair.listener):
+            if pair.closed:
+                return
+            try:
+                transport, _ = await asyncio.wait_for(
+                    loop.create_connection(lambda: UpstreamSide(pair), address.host, address.port,
+                                           local_addr=self._source),
+                    self.config.limits.connect_timeout_s)
+            except (OSError, asyncio.TimeoutError) as exc:
+                errors.append(f"{address}: {exc!r}")
+                continue
+            if pair.closed:
+                transport.close()
+                return
+            pair.upstream = transport  # type: ignore[assignment]
+            pair.upstream_addr = address
+            if pair._pending:
+                transport.writelines(pair._pending)  # type: ignore[attr-defined]
+                pair._pending.clear()
+            assert pair.client is not None
+            pair.client.resume_reading()
+            for action in self.node_drain.connected(loop.time()):
+                assert isinstance(action, DrainAt)
+                loop.call_at(action.at, self.registry.start_drain, pair)
+            return
+        self.metrics.upstream_errors.labels(self.node.id).inc()
+        pair.close(f"no upstream reachable: {'; '.join(errors) or 'broker unknown'}", level=logging.WARNING)
+
+    async def _unstall(self, pair: Pair, stalled: UnknownBroker) -> None:
+        """A response named a broker we have no listener for: learn it, bind, resume."""
+        new = [UpstreamBroker(b.node_id, b.host, b.port, b.rack) for b in stalled.brokers]
+        try:
+            await self.discovery.learn(new)
+        except Exception as exc:  # never leave the pair paused: close it, say why
+            pair.abort(f"learning brokers {[b.node_id for b in new]} failed: {exc!r}")
+            raise
+        if pair.closed:
+            return
+        try:
+            out = pair.codec.responses.resume()
+        except (ProtocolError, RewriteError) as exc:
+            pair.abort(f"rewrite failed after learning brokers: {exc}")
+            return
+        if pair.codec.responses.stalled is not None:
+            pair.abort(f"still cannot rewrite: {pair.codec.responses.stalled}")
+            return
+        if out and pair.client is not None:
+            pair.client.writelines(out)
+            if pair.tap is not None:
+                pair.tap.writelines(out)
+        if pair.upstream is not None:
+            pair.upstream.resume_reading()
+
+    # ---------------------------------------------------------- status
+    def status(self) -> DataPathStatus:
+        address_of = self.advertised.address_of
+        return DataPathStatus(
+            node=self.node.id,
+            bootstrap=self.bootstrap_address,
+            listeners=tuple(sorted(k for k in self.listeners.own if k != BOOTSTRAP)),
+            unbound=tuple(self.unbound),
+            standing_in=tuple(self.listeners.stand_in_addresses),
+            connections=self.connections,
+            draining=self.draining,
+            brokers=tuple(BrokerStatus(b.node_id, b.host, b.port, b.rack,
+                                       "%s:%d" % a if (a := address_of(b.node_id)) else None)
+                          for b in sorted(self.brokers.values())),
+        )

@@ -1,0 +1,131 @@
+"""The sockets a node listens on: its own (bootstrap and one per broker
+identity) and the vacant nodes' addresses it stands in on.
+
+Ports come from the node's ``topology.ProxyNode`` (``proxy.config.proxy_node``).
+With address takeover every listener uses SO_REUSEPORT: the node and its
+stand-ins share ports while it comes back. What to stand in on is decided by
+:class:`proxy.takeover.TakeoverReconciler`; this module executes its actions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable
+
+from membership.serving import BOOTSTRAP, StandIn
+from proxy.connection import ClientSide
+from proxy.registry import ConnectionRegistry
+from proxy.takeover import Bind, Release, TakeoverReconciler
+from topology import ProxyNode
+
+log = logging.getLogger("kproxy.proxy")
+
+
+class Listeners:
+    def __init__(self, node: ProxyNode, registry: ConnectionRegistry, *, reuse_port: bool,
+                 on_bound: Callable[[frozenset[int]], None]) -> None:
+        self.node = node
+        self.registry = registry
+        self.reuse_port = reuse_port
+        self._on_bound = on_bound  # the set of bound identities changed
+        self.own: dict[int, asyncio.AbstractServer] = {}  # BOOTSTRAP or broker id -> server
+        self.bound: frozenset[int] = frozenset()  # identities with a listener here
+        self.lock = asyncio.Lock()  # one bind sequence at a time
+        self.takeover = TakeoverReconciler()
+        self._stand_ins: dict[tuple[str, int], asyncio.AbstractServer] = {}
+        self._lingering: list[asyncio.AbstractServer] = []  # a draining node's listeners, closing soon
+
+    def _factory(self, listener: int) -> Callable[[], ClientSide]:
+        registry = self.registry
+        return lambda: ClientSide(registry, listener)
+
+    async def bind_bootstrap(self) -> None:
+        if BOOTSTRAP not in self.own:
+            self.own[BOOTSTRAP] = await asyncio.get_running_loop().create_server(
+                self._factory(BOOTSTRAP), self.node.host, self.node.bootstrap_port, reuse_address=True,
+                reuse_port=self.reuse_port)
+
+    async def bind_identities(self, broker_ids: Iterable[int]) -> None:
+        """A listener for each identity not bound yet (call under ``lock``).
+
+        One identity whose listener cannot be bound (port taken, no port for its
+        id) stays unadvertised (the rewriter stalls on it: that client's
+        connection is closed); the others and later refreshes go on."""
+        added = []
+        for b in broker_ids:
+            if b in self.own:
+                continue
+            try:
+                host, port = self.node.address_for(b)
+                self.own[b] = await asyncio.get_running_loop().create_server(
+                    self._factory(b), host, port, reuse_address=True, reuse_port=self.reuse_port)
+            except (OSError, ValueError) as exc:
+                log.error("listener bind failed", extra={"broker": b, "reason": str(exc)})
+                continue
+            added.append(b)
+            log.info("listener bound", extra={"broker": b, "address": f"{host}:{port}"})
+        if added:
+            self.bound = self.bound | frozenset(added)
+            self._on_bound(self.bound)
+
+    def close_own(self, at_delay: float) -> None:
+        """Stop accepting on the node's own listeners, at once or ``at_delay`` seconds from now."""
+        own = list(self.own.values())
+        self.own.clear()  # ``bound`` stays: what draining connections are told does not change
+        if at_delay > 0:
+            self._lingering.extend(own)
+            asyncio.get_running_loop().call_later(at_delay, self._close, own)
+        else:
+            self._close(own)
+
+    def _close(self, servers: list[asyncio.AbstractServer]) -> None:
+        for server in servers:
+            server.close()
+            if server in self._lingering:
+                self._lingering.remove(server)
+
+    # ------------------------------------------------------------ stand-ins
+    async def stand_in(self, wanted: Iterable[StandIn]) -> None:
+        """Bind and release to hold exactly ``wanted``."""
+        async with self.lock:
+            loop = asyncio.get_running_loop()
+            for action in self.takeover.plan(wanted):
+                if isinstance(action, Release):
+                    self._release(action)
+                    continue
+                assert isinstance(action, Bind)
+                try:
+                    self._stand_ins[action.key] = await loop.create_server(
+                        self._factory(action.key[1]), action.host, action.port, reuse_address=True, reuse_port=True)
+                except OSError as exc:
+                    if self.takeover.bind_failed(action.key):  # log once per vacancy
+                        log.warning("cannot stand in for a vacant node's address",
+                                    extra={"node": action.key[0], "address": f"{action.host}:{action.port}",
+                                           "reason": str(exc)})
+                    continue
+                self.takeover.bound(action.key)
+                log.info("standing in for a vacant node", extra={"node": action.key[0], "listener": action.key[1],
+                                                                 "address": f"{action.host}:{action.port}"})
+
+    def _release(self, action: Release) -> None:
+        self._stand_ins.pop(action.key).close()
+        self.takeover.released(action.key)
+        log.info("stopped standing in", extra={"node": action.key[0], "listener": action.key[1]})
+
+    def release_stand_ins(self) -> None:
+        for action in self.takeover.clear():
+            self._release(action)
+
+    @property
+    def stand_in_addresses(self) -> list[str]:
+        return sorted(f"{s.sockets[0].getsockname()[0]}:{s.sockets[0].getsockname()[1]}"
+                      for s in self._stand_ins.values() if s.sockets)
+
+    def close_all(self) -> None:
+        for server in [*self.own.values(), *self._stand_ins.values(), *self._lingering]:
+            server.close()
+        self.own.clear()
+        self._stand_ins.clear()
+        self._lingering.clear()
+        self.takeover = TakeoverReconciler()

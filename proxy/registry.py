@@ -1,0 +1,173 @@
+"""The connections of one node, and the I/O shell of their drain.
+
+:class:`ConnectionRegistry` is everything a connection (:mod:`proxy.connection`)
+reaches of its node: the settings and metrics it reads, ``accept`` (refuse it,
+or make its upstream connection), ``stalled`` (a response named a broker with
+no listener here), ``discard`` on close, and the drain. The decisions of the
+drain are :class:`proxy.drain.ConnectionDrain`'s; this module only observes
+the connection, executes the actions and arms the timers they ask for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import struct
+import termios
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+from membership.serving import BOOTSTRAP
+from proxy.config import Limits
+from proxy.connection import Pair
+from proxy.drain import (
+    Close,
+    ConnectionDrain,
+    CountDeferred,
+    CountDrained,
+    DrainAction,
+    DrainEvent,
+    NodeDrain,
+    Observation,
+    PauseReading,
+    ScheduleTimer,
+)
+from proxy.errors import UnknownBroker
+from proxy.metrics import ProxyMetrics
+from proxy.rewrite import ResponseRewriter
+
+log = logging.getLogger("kproxy.proxy")
+
+
+def unread_bytes(transport: asyncio.BaseTransport) -> int:
+    """Bytes the kernel holds for ``transport``'s socket that it has not read
+    yet (FIONREAD); 0 when that cannot be told."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):  # closed meanwhile
+        return 0
+
+
+def observe(pair: Pair) -> Observation:
+    client = pair.client
+    reading = client is not None and client.is_reading()
+    codec = pair.codec
+    return Observation(
+        idle=codec.idle, reading=reading,
+        responses_done=not codec.table and codec.responses.at_frame_boundary,
+        unread=(lambda: unread_bytes(client)) if client is not None else (lambda: 0))
+
+
+class ConnectionRegistry:
+    """The live connections of one node and the services they use (see the module doc).
+
+    ``connect`` (make a pair's upstream connection), ``unstall`` (learn the
+    brokers a response named, then resume it) and ``owned_here`` (does this
+    node still advertise a listener's identity) are the data path's, set by it.
+    """
+
+    def __init__(self, node_id: str, limits: Limits, metrics: ProxyMetrics, rewriter: ResponseRewriter | None,
+                 node_drain: NodeDrain, *, tap_dir: str | None = None) -> None:
+        self.node_id = node_id
+        self.limits = limits
+        self.metrics = metrics
+        self.rewriter = rewriter
+        self.tap_dir = tap_dir
+        self.node_drain = node_drain
+        self.pairs: set[Pair] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.connect: Callable[[Pair], Awaitable[None]] | None = None
+        self.unstall: Callable[[Pair, UnknownBroker], Awaitable[None]] | None = None
+        self.owned_here: Callable[[int], bool] = lambda listener: True
+
+    # ---------------------------------------------------- what a connection calls
+    def accept(self, pair: Pair) -> None:
+        """A client connected (its reads paused): count it, then refuse it or connect it upstream."""
+        self.pairs.add(pair)
+        self.metrics.active.inc()
+        self.metrics.accepted("bootstrap" if pair.listener == BOOTSTRAP else f"broker-{pair.listener}")
+        for action in self.node_drain.accepted():
+            pair.close(action.reason)
+            return
+        assert self.connect is not None
+        self.spawn(self.connect(pair))
+
+    def discard(self, pair: Pair) -> None:
+        """``pair`` closed."""
+        self.pairs.discard(pair)
+        self.metrics.active.dec()
+        if pair.drain is not None:
+            pair.drain.handle(DrainEvent.CLOSED, 0.0)
+
+    def stalled(self, pair: Pair, stalled: UnknownBroker) -> None:
+        assert self.unstall is not None
+        self.spawn(self.unstall(pair, stalled))
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background task failed", exc_info=task.exception())
+
+    async def stop(self) -> None:
+        for pair in list(self.pairs):
+            pair.close("node stopping")
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    # ------------------------------------------------------------------ drain
+    def drain(self, listeners: set[int] | None = None) -> int:
+        """Start the drain of every connection (on one of ``listeners``) not draining yet; how many."""
+        count = 0
+        for pair in list(self.pairs):
+            if (listeners is None or pair.listener in listeners) and not pair.draining:
+                self.start_drain(pair)
+                count += 1
+        return count
+
+    def start_drain(self, pair: Pair) -> None:
+        """Close the client's connection at its first idle moment (proxy.drain)."""
+        if pair.closed:
+            return
+        if pair.drain is None:
+            pair.drain = ConnectionDrain()
+        loop = asyncio.get_running_loop()
+        self._execute(pair, pair.drain.start(loop.time(), pair.group, observe(pair)))
+
+    def drain_progress(self, pair: Pair) -> None:
+        """A response boundary (or a finished splice) of a draining connection."""
+        if pair.closed or pair.drain is None:
+            return
+        self._execute(pair, pair.drain.progress(asyncio.get_running_loop().time(), observe(pair)))
+
+    def _timer_due(self, pair: Pair, event: DrainEvent) -> None:
+        if pair.closed or pair.drain is None:
+            return
+        if event is DrainEvent.DELAY_DUE_MOVE and not self.node_drain.still_to_move(self.owned_here(pair.listener)):
+            event = DrainEvent.DELAY_DUE_KEEP  # an undrain, or the identity coming back, meanwhile keeps it
+        self._execute(pair, pair.drain.handle(event, asyncio.get_running_loop().time(), observe(pair)))
+
+    def _execute(self, pair: Pair, actions: list[DrainAction]) -> None:
+        assert pair.drain is not None
+        pair.draining = pair.drain.draining
+        for action in actions:
+            if isinstance(action, CountDrained):
+                self.metrics.drained.labels(self.node_id).inc()
+            elif isinstance(action, CountDeferred):
+                self.metrics.drain_deferred.inc()
+            elif isinstance(action, PauseReading):
+                if pair.client is not None:
+                    pair.client.pause_reading()  # no new requests
+            elif isinstance(action, ScheduleTimer):
+                asyncio.get_running_loop().call_at(action.at, self._timer_due, pair, action.event)
+            elif isinstance(action, Close):
+                pair.close(action.reason, level=logging.WARNING if action.warning else logging.DEBUG)

@@ -1,6 +1,6 @@
 """`kproxy drill run`: a chaos drill under load with real clients -> trace + summary.
 
-Thin: parses, finds or brings up the target, calls ``chaos.drill.run_drill``,
+Thin: parses, finds or brings up the target, calls ``chaos.drills.drill.run_drill``,
 shows progress (rich, on stderr) and prints the summary. Exit codes: 0 when no
 record was lost or duplicated and every client recovered, 1 otherwise, 2 on
 bad usage, on a target that cannot be found, or when the fault cannot be
@@ -18,8 +18,8 @@ from typing import Any
 
 import click
 
-from chaos.faults import CONTROLS, FAULTS
-from chaos.workloads import FAMILIES
+from chaos.drills.faults import CONTROLS, FAULTS
+from chaos.clients import FAMILIES
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
 
@@ -35,7 +35,7 @@ def _fail(message: str, code: int = EXIT_USAGE) -> None:
 
 
 def _clients(ctx: click.Context, param: click.Parameter, value: str) -> tuple[tuple[str, str], ...]:
-    from chaos.drill import parse_clients
+    from chaos.drills.drill import parse_clients
 
     try:
         return parse_clients(value)
@@ -135,10 +135,10 @@ def _print_summary(result: dict[str, Any]) -> None:
 def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: str, as_json: bool,
         state_dir: str | None, seed: int | None, rate: float, direct: bool, progress: bool | None) -> None:
     """Run FAULT under load REPEAT times and print RTO, lost and duplicated records."""
-    from chaos.drill import DrillConfig, Target, new_seed, run_drill
-    from chaos.fleet import FleetError, LocalFleet
-    from chaos.kafka_cluster import KafkaCluster, KafkaError, free_base_port
-    from chaos.proxies import ProxyProcessError
+    from chaos.drills.drill import DrillConfig, Target, new_seed, run_drill
+    from chaos.testbed.fleet import FleetError, LocalFleet
+    from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError, free_base_port
+    from chaos.testbed.proxies import ProxyProcessError
 
     seed = new_seed() if seed is None else seed
     click.echo(f"seed {seed}", err=True)

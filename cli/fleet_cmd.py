@@ -11,9 +11,9 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from chaos.fleet import FleetError, LocalFleet
-from chaos.kafka_cluster import KafkaError
-from chaos.proxies import ProxyProcessError
+from chaos.testbed.fleet import FleetError, LocalFleet
+from chaos.testbed.kafka_cluster import KafkaError
+from chaos.testbed.proxies import ProxyProcessError
 
 state_dir_option = click.option("--state-dir", required=True, type=click.Path(file_okay=False),
                                 help="Directory holding the local fleet's state.")

@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from chaos.kafka_cluster import DEFAULT_BASE_PORT, KafkaCluster, KafkaError
+from chaos.testbed.kafka_cluster import DEFAULT_BASE_PORT, KafkaCluster, KafkaError
 
 SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "STOP": signal.SIGSTOP, "CONT": signal.SIGCONT}
 state_dir_option = click.option(

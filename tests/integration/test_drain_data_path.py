@@ -21,7 +21,7 @@ from kio.schema.heartbeat.v4.request import HeartbeatRequest
 from kio.static.primitive import i32Timedelta
 
 from proxy import server as proxy_server
-from proxy._fixtures import decode_response, make, request_frame
+from chaos.bench.frames import decode_response, make, request_frame
 from proxy.config import parse
 from proxy.server import ProxyNode
 

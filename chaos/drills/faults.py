@@ -2,7 +2,7 @@
 
 Theory of operation
 -------------------
-A fault is an async function ``fault(ctx)`` run by ``chaos.drill`` between the
+A fault is an async function ``fault(ctx)`` run by ``chaos.drills.drill`` between the
 drill's ``drill_start`` and ``drill_end`` events. It
 
 1. picks its victim with ``ctx.rng`` (one seed derives every choice);
@@ -25,7 +25,7 @@ kill               SIGKILL a random proxy node; restart it afterwards
 freeze             SIGSTOP a random proxy node; SIGCONT after recovery (at
                    least ``hold_s`` after the fault)
 partition          drop every packet from/to a random proxy's loopback address
-                   (nftables, ``chaos.netfault``); heal after recovery (at
+                   (nftables, ``chaos.drills.netfault``); heal after recovery (at
                    least ``hold_s``); SKIPPED where nft/CAP_NET_ADMIN is missing
 leader-kill        SIGKILL the Raft leader; restart it afterwards
 broker-kill        SIGKILL a random Kafka broker; restart it afterwards (works
@@ -360,7 +360,7 @@ class FaultContext:
     react_timeout_s: float = 15.0
     restore_timeout_s: float = 90.0
     stop_timeout_s: float = 30.0
-    on_failover: Callable[[dict[str, Any]], None] | None = None  # see ``chaos.drill.DrillConfig``
+    on_failover: Callable[[dict[str, Any]], None] | None = None  # see ``chaos.drills.drill.DrillConfig``
     steps: list[dict[str, Any]] = attrs.Factory(list)
     errors: list[str] = attrs.Factory(list)  # problems that make the drill fail but do not stop it
 
@@ -427,7 +427,7 @@ def check(fault: str, *, fleet: Any | None, kafka: Any | None) -> None:
     if fault == "broker-kill" and kafka is None:
         raise FaultUnavailable("broker-kill needs the local Kafka cluster (the fleet runs against an external one)")
     if fault == "partition":
-        from chaos.netfault import partition_support
+        from chaos.drills.netfault import partition_support
 
         ok, why = partition_support()
         if not ok:
@@ -576,7 +576,7 @@ async def freeze(ctx: FaultContext) -> None:
 
 
 async def partition(ctx: FaultContext) -> None:
-    from chaos.netfault import Partition
+    from chaos.drills.netfault import Partition
 
     assert ctx.fleet is not None
     victim = ctx.rng.choice(await ctx.live_nodes())
@@ -605,7 +605,7 @@ async def _check_leaks(ctx: FaultContext, step: dict[str, Any], pid: int | None,
                        peers: set[str]) -> None:
     """Record the victim's sockets the address partition cannot cut; those reaching fleet peers
     make the partition a half partition: an error of the drill, with the reason."""
-    from chaos.netfault import foreign_connections
+    from chaos.drills.netfault import foreign_connections
 
     if pid is None:
         step["leaks"] = "unknown (no pid in the fleet view)"

@@ -22,7 +22,7 @@ shared and noisy, so only ratios measured in one run mean anything):
 * the cost of rewriting a Metadata response at 100 … 50,000 partitions.
 
 With ``relay`` (the default when the bench starts its own Kafka), the fetch
-phases get a baseline arm: the same consumer through ``chaos.relay``, a
+phases get a baseline arm: the same consumer through ``chaos.bench.relay``, a
 Kafka-unaware splice(2) relay (blocking threads, 1 MiB pipes: the cheapest hop a
 user-space proxy can be; the brokers advertise it on a second listener). Its
 ratio to direct is the most any proxy with a TCP hop can reach on this machine;
@@ -50,9 +50,9 @@ from typing import Any, Callable
 
 import psutil
 
-from chaos.clients import kafka_tool
-from chaos.kafka_cluster import KafkaCluster, free_base_port, port_free
-from chaos.proxies import NodeProcess, fleet_config
+from chaos.clients.batch import kafka_tool
+from chaos.testbed.kafka_cluster import KafkaCluster, free_base_port, port_free
+from chaos.testbed.proxies import NodeProcess, fleet_config
 
 _PRODUCER_SUMMARY = re.compile(
     r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, ([\d.]+) ms max latency,"
@@ -251,7 +251,7 @@ def _alternate_arms(rounds: int, direct: Callable[[], dict], others: dict[str, C
 
 
 class RelayProcess:
-    """``python -m chaos.relay`` in front of the brokers' RELAY listeners; stopped by its PID."""
+    """``python -m chaos.bench.relay`` in front of the brokers' RELAY listeners; stopped by its PID."""
 
     def __init__(self, cluster: KafkaCluster, log_path: Path) -> None:
         assert cluster.relay_host is not None
@@ -266,7 +266,7 @@ class RelayProcess:
             if not port_free(*_split(listen)):
                 raise RuntimeError(f"relay address {listen} is taken")
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "chaos.relay", "--max-seconds", "14400",
+            self.proc = subprocess.Popen([sys.executable, "-m", "chaos.bench.relay", "--max-seconds", "14400",
                                           *[f"{a}={b}" for a, b in self.routes]],
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
@@ -301,7 +301,7 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
         partitions: tuple[int, ...] = (100, 1000, 10_000, 50_000), progress: Callable[[str], None] = print,
         proxy_ip: str = "127.0.0.31", fetch_max_version: int | None = None, splice_min_bytes: int | None = None,
         compare_splice: bool = False, relay: bool = True) -> dict[str, Any]:
-    from proxy.bench_rewrite import bench_metadata_rewrite
+    from chaos.bench.rewrite import bench_metadata_rewrite
 
     fetch_rounds = fetch_rounds or 2 * rounds
     load_before = [round(x, 2) for x in os.getloadavg()]

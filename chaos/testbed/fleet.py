@@ -20,8 +20,8 @@ from typing import Any
 
 import httpx
 
-from chaos.kafka_cluster import KafkaCluster, KafkaError
-from chaos.proxies import (ADMIN_PORT, BOOTSTRAP_PORT, AdminEndpoint, NodeProcess, ProxyProcessError, fleet_config,
+from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError
+from chaos.testbed.proxies import (ADMIN_PORT, BOOTSTRAP_PORT, AdminEndpoint, NodeProcess, ProxyProcessError, fleet_config,
                            node_ip)
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 KAFKA_DIR = REPO / "chaos" / "kafka"
 LIBS = KAFKA_DIR / "libs"
 POM = KAFKA_DIR / "pom.xml"
@@ -211,7 +211,7 @@ class KafkaCluster:
         relay_host: str | None = None,
     ) -> None:
         """``relay_host``: also give each broker a second listener, RELAY, on ``host:port+200``
-        advertised at ``relay_host:port+200``, for a relay in front of it (chaos.relay: the
+        advertised at ``relay_host:port+200``, for a relay in front of it (chaos.bench.relay: the
         bench's baseline hop). A client that bootstraps through the relay is then told the
         relay's addresses; the PLAINTEXT listener and its clients are unchanged."""
         if brokers < 1:

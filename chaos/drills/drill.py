@@ -8,20 +8,20 @@ cancels the rest and the processes are always stopped (SIGTERM, then SIGKILL
 after ``stop_timeout_s``). Every wait is for a condition, with a deadline.
 
 1. Create a topic for the run; start one consumer (own group) and one
-   producer per (family, role) of ``clients`` (``python -m chaos.workloads``,
+   producer per (family, role) of ``clients`` (``python -m chaos.clients.workload``,
    one OS process each, trace in ``<out>/<run_id>/trace/<client_id>.jsonl``,
    output in ``<out>/<run_id>/logs/``).
 2. Warm-up: wait until every client has a success (ack / consume).
 3. ``repeat`` times: wait until the fleet is healthy and every client has a
    success since the previous drill; wait a seeded jitter; ``drill_start``;
-   inject the fault (``chaos.faults``: victim, recovery with a deadline,
+   inject the fault (``chaos.drills.faults``: victim, recovery with a deadline,
    fleet reaction, undo, node_back, healthy); ``drill_end``. The fleet
    watcher polls the fleet view every 50 ms inside each drill.
 4. Stop the producers (SIGTERM: they flush, so everything acked is written),
    wait until every consumer group has read every acked record (deadline
    ``drain_timeout_s``), stop the consumers.
 5. Validate the trace against the schema and summarize it
-   (``chaos.summary``); write ``summary.json`` and ``drill.json`` next to it.
+   (``chaos.measures``); write ``summary.json`` and ``drill.json`` next to it.
 
 One seed (``seed``; random and reported when not given) seeds a
 ``random.Random`` that makes every random choice: victims, jitter, the
@@ -52,10 +52,11 @@ from typing import Any
 import attrs
 import trio
 
-from chaos import faults as faults_mod
-from chaos import summary as summary_mod
-from chaos.trace import TraceWriter
-from chaos.workloads import FAMILIES, ROLES, command
+from chaos.drills import faults as faults_mod
+from chaos.drills import summary as drill_summary
+from chaos.trace import TraceWriter, validate_trace
+from chaos.clients import FAMILIES, ROLES
+from chaos.clients.workload import command
 
 DEFAULT_CLIENTS = tuple((f, r) for f in FAMILIES for r in ("consumer", "producer"))
 TAIL_PERIOD_S = 0.1
@@ -397,9 +398,9 @@ async def run_drill_async(config: DrillConfig, target: Target, progress: Progres
         with open(run_dir / "errors.log", "a") as fh:
             fh.write("\n".join(state["tracebacks"]))
     report("summarizing")
-    invalid = await trio.to_thread.run_sync(summary_mod.validate_trace, trace_dir)
+    invalid = await trio.to_thread.run_sync(validate_trace, trace_dir)
     result = await trio.to_thread.run_sync(
-        lambda: summary_mod.summarize(trace_dir, fault=config.fault, repeat=config.repeat))
+        lambda: drill_summary.summarize(trace_dir, fault=config.fault, repeat=config.repeat))
     workload_exits = {cid: rc for g in groups.values() for cid, rc in g.exits.items()}
     unclean = {cid: rc for cid, rc in workload_exits.items() if rc != 0}
     result.update({

@@ -18,8 +18,9 @@ from typing import Any
 
 import click
 
-from chaos.drills.faults import CONTROLS, FAULTS
 from chaos.clients import FAMILIES
+from chaos.drills.fault_names import CONTROLS, FAULTS
+from proxy.admin_client import AdminError
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
 
@@ -136,7 +137,7 @@ def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: 
         state_dir: str | None, seed: int | None, rate: float, direct: bool, progress: bool | None) -> None:
     """Run FAULT under load REPEAT times and print RTO, lost and duplicated records."""
     from chaos.drills.drill import DrillConfig, Target, new_seed, run_drill
-    from chaos.testbed.fleet import FleetError, LocalFleet
+    from chaos.testbed.fleet import LocalFleet
     from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError, free_base_port
     from chaos.testbed.proxies import ProxyProcessError
 
@@ -166,7 +167,7 @@ def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: 
                     owned_dir = tempfile.mkdtemp(prefix="kproxy-drill-fleet-")
                     click.echo(f"starting a local fleet in {owned_dir}", err=True)
                     fleet = owned = LocalFleet.up(owned_dir, kafka_base_port=free_base_port())
-            except (FleetError, KafkaError, ProxyProcessError) as exc:
+            except (AdminError, KafkaError, ProxyProcessError) as exc:
                 _fail(f"no local fleet: {exc}")
             target = Target.of_fleet(fleet)
         with _Live(show) as live:

@@ -54,6 +54,7 @@ import trio
 
 from chaos.drills import faults as faults_mod
 from chaos.drills import summary as drill_summary
+from chaos.drills.watcher import POLL_PERIOD_S, ReactionWatcher, in_thread
 from chaos.trace import TraceWriter, validate_trace
 from chaos.clients import FAMILIES, ROLES
 from chaos.clients.workload import command
@@ -113,7 +114,7 @@ class DrillConfig:
     restore_timeout_s: float = 90.0
     drain_timeout_s: float = 60.0
     stop_timeout_s: float = 45.0
-    poll_period_s: float = faults_mod.POLL_PERIOD_S
+    poll_period_s: float = POLL_PERIOD_S
     jitter_s: tuple[float, float] = (0.3, 1.0)
     python: str = sys.executable
     # Called (in a worker thread) once a killed node's identities have moved and every client
@@ -368,7 +369,7 @@ async def run_drill_async(config: DrillConfig, target: Target, progress: Progres
             if threading.current_thread() is threading.main_thread():
                 await root.start(_stop_on_signal)
             report("creating topic")
-            await faults_mod.in_thread(target.create_topic, topic, config.partitions, config.replication,
+            await in_thread(target.create_topic, topic, config.partitions, config.replication,
                                        timeout_s=120)
             bootstrap = ",".join(target.bootstrap)
             cmds = {
@@ -520,7 +521,7 @@ async def _drills(config: DrillConfig, target: Target, clients: list[str], rng: 
     for i in range(config.repeat):
         report(f"drill {i + 1}/{config.repeat}: steady", drill=i + 1)
         if target.fleet is not None:
-            await faults_mod.in_thread(target.fleet.wait_healthy, config.restore_timeout_s,
+            await in_thread(target.fleet.wait_healthy, config.restore_timeout_s,
                                        timeout_s=config.restore_timeout_s + 10)
         if not await _wait_condition(tail, lambda: not tail.lagging(clients, since_ns), config.recovery_timeout_s,
                                      report):
@@ -530,7 +531,7 @@ async def _drills(config: DrillConfig, target: Target, clients: list[str], rng: 
         async with trio.open_nursery() as nursery:
             watcher = None
             if target.fleet is not None:
-                watcher = faults_mod.FleetWatcher(target.fleet, fleet_trace, period_s=config.poll_period_s)
+                watcher = ReactionWatcher(target.fleet, fleet_trace, period_s=config.poll_period_s)
                 await nursery.start(watcher.run)
             ctx = faults_mod.FaultContext(
                 fault=config.fault, trace=fleet_trace, rng=rng, wait_recovered=wait_recovered,

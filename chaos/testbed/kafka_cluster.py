@@ -34,13 +34,15 @@ from typing import Any
 import attrs
 import psutil
 
+from chaos.testbed import KAFKA_BASE_PORT
+
 REPO = Path(__file__).resolve().parents[2]
 KAFKA_DIR = REPO / "chaos" / "kafka"
 LIBS = KAFKA_DIR / "libs"
 POM = KAFKA_DIR / "pom.xml"
 
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_BASE_PORT = 19092  # broker i listens on base+i-1, its controller on base+100+i-1
+DEFAULT_BASE_PORT = KAFKA_BASE_PORT
 JVM_OPTS = (
     "-Xms128m",
     "-Xmx512m",

@@ -22,7 +22,7 @@ import pytest
 
 from chaos import trace
 from chaos.drills.drill import DrillConfig, Target, parse_clients, run_drill
-from chaos.drills.faults import CASCADES, FAULTS
+from chaos.drills.fault_names import CASCADES, FAULTS
 from chaos.clients import FAMILIES
 
 pytestmark = [pytest.mark.drill, pytest.mark.slow]
@@ -154,7 +154,7 @@ def test_drill(fleet, tmp_path, fault, clients):
 def test_control_drill_injects_nothing(fleet, tmp_path):
     """The ``none`` control (the failover bench's baseline): a fault event, a node_back, and no
     reaction from the fleet: no node down, no new assignment, the epoch unchanged."""
-    from chaos.drills.faults import CONTROLS
+    from chaos.drills.fault_names import CONTROLS
 
     assert CONTROLS == ("none",)
     # Balanced first: after the drill before (a restart, an undrain) the fleet may still move

@@ -10,7 +10,7 @@ import pytest
 import trio
 
 from chaos.drills.drill import client_specs, describe_error, parse_clients
-from chaos.drills.faults import FleetWatcher, node_up, status_view
+from chaos.drills.watcher import ReactionWatcher, node_up, status_view
 from chaos.drills.netfault import PartitionError, check_address
 from chaos.trace import TraceWriter
 from chaos.clients.paced import Pacer, parse_value, record_value
@@ -78,7 +78,7 @@ def _view(epoch, assignment, alive):
 
 def test_watcher_writes_node_down_and_assignment_committed(tmp_path):
     w = TraceWriter(tmp_path, "fleet", "r1")
-    watcher = FleetWatcher(fleet=None, trace=w)
+    watcher = ReactionWatcher(fleet=None, trace=w)
     watcher.observe(_view(5, {"1": "p1", "2": "p2", "3": "p3"}, {"p1": True, "p2": True, "p3": True}),
                     baseline=True)
     watcher.observe(_view(5, {"1": "p1", "2": "p2", "3": "p3"}, {"p1": True, "p2": True, "p3": True}))
@@ -137,7 +137,7 @@ class TinyFleet:
 def test_watcher_polls_the_leader_and_skips_a_silent_node(tmp_path):
     fleet = TinyFleet()
     w = TraceWriter(tmp_path, "fleet", "r1")
-    watcher = FleetWatcher(fleet, w)
+    watcher = ReactionWatcher(fleet, w)
 
     async def main():
         view = await watcher.view()  # p1 first (no hint yet): fails, then p2, which names p3 leader
@@ -178,7 +178,7 @@ class ClockFleet(TinyFleet):
 def test_watcher_takes_the_fleets_own_event_time(tmp_path):
     fleet = ClockFleet()
     w = TraceWriter(tmp_path, "fleet", "r1")
-    watcher = FleetWatcher(fleet, w)
+    watcher = ReactionWatcher(fleet, w)
     marks = {}
 
     async def main():

@@ -1,0 +1,285 @@
+"""The client of the nodes' admin endpoint (``proxy/admin.py``): views and actions over HTTP.
+
+``NodeAdmin`` is one node's endpoint: ``GET`` views (``/status``, ``/healthz``) without a token,
+``POST`` actions (``/drain/ID``, ``/undrain/ID``, ``/kill``) with the fleet's bearer token.
+``ClusterAdmin`` is a fleet seen through those endpoints: discovered from any one node
+(its ``/status`` names every node's endpoint, ``admin_endpoints``), one picture of the
+fleet (``fleet_view``) and its health, and the actions sent to the leader. The operator
+commands (``kproxy cluster ... --admin URL``) use it as is; the local launcher
+(``chaos.testbed.fleet.LocalFleet``) adds the processes it started.
+"""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from typing import Any
+
+import httpx
+
+from proxy.config import http_url
+
+DEFAULT_ADMIN_PORT = 9400
+DEFAULT_BOOTSTRAP_PORT = 9092
+
+
+class AdminError(RuntimeError):
+    """An admin endpoint did not answer, refused, or the fleet did not reach the state asked for."""
+
+
+class NodeAdmin:
+    """One node as its admin endpoint sees it: GET views, token-authorised POST actions.
+
+    No process of ours: ``pid`` is None, ``alive()`` says whether it answers, and ``signal``
+    asks the node to signal itself (``POST /kill``).
+    """
+
+    def __init__(self, node_id: str, host: str, admin_port: int, token: str | None = None, *,
+                 bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT) -> None:
+        self.node_id = node_id
+        self.host = host
+        self.admin_port = admin_port
+        self.bootstrap_port = bootstrap_port
+        self.pid: int | None = None
+        self._token = token
+        self._http: httpx.Client | None = None  # persistent: a new client per call costs 100+ ms CPU
+
+    @property
+    def http(self) -> httpx.Client:
+        if self._http is None:
+            self._http = httpx.Client()
+        return self._http
+
+    @property
+    def admin_url(self) -> str:
+        return http_url(self.host, self.admin_port)
+
+    def token(self) -> str:
+        if not self._token:
+            raise AdminError("no admin token: actions need the fleet's bearer token "
+                             "(--token-env names the environment variable that holds it)")
+        return self._token
+
+    def get(self, path: str, timeout: float = 2.0) -> httpx.Response:
+        return self.http.get(self.admin_url + path, timeout=timeout)
+
+    def post(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> httpx.Response:
+        return self.http.post(self.admin_url + path, json=body or {}, timeout=timeout,
+                              headers={"Authorization": f"Bearer {self.token()}"})
+
+    def alive(self) -> bool:
+        try:
+            return self.get("/healthz", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def signal(self, name: str) -> None:
+        """The drill through the admin API: the node sends itself the signal."""
+        try:
+            r = self.post("/kill", {"signal": name})
+        except httpx.HTTPError as exc:
+            raise AdminError(f"node {self.node_id}: POST /kill failed: {exc!r}") from None
+        if r.status_code != 200:
+            raise AdminError(f"node {self.node_id}: POST /kill answered {r.status_code}: {r.text[:200]}")
+
+
+class ClusterAdmin:
+    """A fleet through its nodes' admin endpoints: views, health, and actions."""
+
+    def __init__(self, nodes: list[NodeAdmin], upstream: list[str]) -> None:
+        self.nodes: dict[str, NodeAdmin] = {n.node_id: n for n in nodes}
+        self.upstream = upstream
+
+    @classmethod
+    def discover(cls, admin_url: str, token: str | None = None, timeout: float = 5.0) -> "ClusterAdmin":
+        """A running fleet, wherever it runs, known by one node's admin endpoint: that node's
+        ``/status`` names every node's endpoint (``admin_endpoints``). Views work without a
+        token; actions (drain, undrain, kill through ``POST /kill``) need the fleet's admin token."""
+        parts = urllib.parse.urlsplit(admin_url if "://" in admin_url else f"http://{admin_url}")
+        if not parts.hostname:
+            raise AdminError(f"{admin_url!r} is not an admin URL (http://HOST:PORT)")
+        first = NodeAdmin("?", parts.hostname, parts.port or DEFAULT_ADMIN_PORT, token)
+        try:
+            r = first.get("/status", timeout=timeout)
+            r.raise_for_status()
+            status = r.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise AdminError(f"no fleet status from {first.admin_url}: {exc!r}") from None
+        members = status.get("members") or {}
+        endpoints = status.get("admin_endpoints") or {str(status.get("node")): first.admin_url}
+        nodes = []
+        for node_id, url in sorted(endpoints.items()):
+            u = urllib.parse.urlsplit(url)
+            bootstrap_port = (members.get(node_id) or {}).get("bootstrap_port", DEFAULT_BOOTSTRAP_PORT)
+            nodes.append(NodeAdmin(node_id, u.hostname or "", u.port or DEFAULT_ADMIN_PORT, token,
+                                   bootstrap_port=bootstrap_port))
+        upstream = [f"{b['host']}:{b['port']}" for b in status.get("brokers") or [] if isinstance(b, dict)]
+        return cls(nodes, upstream)
+
+    # ---------------------------------------------------------- accessors
+    @property
+    def node_ids(self) -> list[str]:
+        return list(self.nodes)
+
+    @property
+    def bootstrap(self) -> list[str]:
+        return [f"{n.host}:{n.bootstrap_port}" for n in self.nodes.values()]
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(self.bootstrap)
+
+    def node_address(self, node_id: str) -> str:
+        return self._node(node_id).host
+
+    def _node(self, node_id: str) -> NodeAdmin:
+        try:
+            return self.nodes[node_id]
+        except KeyError:
+            raise AdminError(f"no node {node_id!r} in this fleet (nodes: {self.node_ids})") from None
+
+    # -------------------------------------------------------------- views
+    def status(self, node_id: str | None = None, timeout: float = 1.0) -> dict[str, Any]:
+        """GET /status of one node (default: the first that answers)."""
+        candidates = [self._node(node_id)] if node_id else list(self.nodes.values())
+        errors = []
+        for n in candidates:
+            try:
+                r = n.get("/status", timeout=timeout)
+                r.raise_for_status()
+                return r.json()
+            except httpx.HTTPError as exc:
+                errors.append(f"{n.node_id}: {exc!r}")
+        raise AdminError("no node answered /status: " + "; ".join(errors))
+
+    def statuses(self, timeout: float = 1.0) -> dict[str, dict[str, Any] | None]:
+        out: dict[str, dict[str, Any] | None] = {}
+        for n in self.nodes.values():
+            try:
+                r = n.get("/status", timeout=timeout)
+                out[n.node_id] = r.json() if r.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                out[n.node_id] = None
+        return out
+
+    def fleet_view(self, timeout: float = 1.0) -> dict[str, Any]:
+        """One picture of the fleet: the leader's table, every node's role and liveness."""
+        statuses = self.statuses(timeout)
+        answering = {k: v for k, v in statuses.items() if v is not None}
+        leaders = [s for s in answering.values() if s.get("role") == "leader"]
+        # The authoritative table is the leader's (highest term wins if two claim it).
+        source = max(leaders, key=lambda s: s.get("term", 0)) if leaders else (
+            max(answering.values(), key=lambda s: s.get("epoch", 0)) if answering else None)
+        assignment = dict(source.get("assignment", {})) if source else {}
+        members = source.get("members", {}) if source else {}
+        nodes = []
+        for node_id, n in self.nodes.items():
+            s = statuses[node_id]
+            nodes.append({
+                "id": node_id,
+                "address": n.host,
+                "pid": n.pid,
+                "process": n.alive(),
+                "alive": s is not None,
+                "role": s.get("role") if s else "unreachable",
+                "term": s.get("term") if s else None,
+                "epoch": s.get("epoch") if s else None,
+                "has_quorum": s.get("has_quorum") if s else None,
+                "up": members.get(node_id, {}).get("up"),            # the fleet's committed view
+                "draining": members.get(node_id, {}).get("draining"),
+                "identities": sorted(int(b) for b, owner in assignment.items() if owner == node_id),
+                "standing_in": s.get("standing_in", []) if s else [],  # vacant nodes' addresses it serves
+            })
+        return {
+            "epoch": source.get("epoch") if source else None,
+            "leader": source.get("leader") if source else None,
+            "assignment": {str(k): v for k, v in sorted(assignment.items(), key=lambda kv: int(kv[0]))},
+            "nodes": nodes,
+            "brokers": source.get("brokers", []) if source else [],
+            "bootstrap": self.bootstrap,
+        }
+
+    def leader(self) -> str | None:
+        return self.fleet_view().get("leader")
+
+    @staticmethod
+    def health_problems(view: dict[str, Any]) -> list[str]:
+        problems = []
+        if not view.get("leader"):
+            problems.append("no Raft leader")
+        alive = {n["id"] for n in view["nodes"] if n["alive"]}
+        for n in view["nodes"]:
+            if not n["alive"]:
+                problems.append(f"node {n['id']} unreachable")
+        broker_ids = {str(b["id"]) for b in view.get("brokers", [])}
+        if not broker_ids:
+            problems.append("no upstream brokers known")
+        for b in sorted(broker_ids):
+            owner = view["assignment"].get(b)
+            if owner is None:
+                problems.append(f"broker {b} unassigned")
+            elif owner not in alive:
+                problems.append(f"broker {b} assigned to unreachable node {owner}")
+        epochs = {n["epoch"] for n in view["nodes"] if n["alive"]}
+        if len(epochs) > 1:
+            problems.append(f"nodes disagree on the epoch: {sorted(e for e in epochs if e is not None)}")
+        return problems
+
+    def wait_healthy(self, timeout: float = 30.0, *, allow_dead: bool = False) -> dict[str, Any]:
+        """Until: a leader, every identity on a live node, one epoch (dead nodes allowed if asked)."""
+        deadline = time.monotonic() + timeout
+        problems: list[str] = ["not checked"]
+        view: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            view = self.fleet_view()
+            problems = self.health_problems(view)
+            if allow_dead:
+                problems = [p for p in problems if "unreachable" not in p or "assigned to" in p]
+            if not problems:
+                return view
+            time.sleep(0.1)
+        raise AdminError(f"fleet not healthy within {timeout}s: {problems}")
+
+    def wait_balanced(self, timeout: float = 30.0) -> dict[str, Any]:
+        """Until healthy and every live, non-draining node's load is within one of the others'."""
+        deadline = time.monotonic() + timeout
+        loads: dict[str, int] = {}
+        while time.monotonic() < deadline:
+            view = self.fleet_view()
+            serving = [n for n in view["nodes"] if n["alive"] and not n.get("draining")]
+            loads = {n["id"]: len(n["identities"]) for n in serving}
+            if not self.health_problems(view) and loads and max(loads.values()) - min(loads.values()) <= 1:
+                return view
+            time.sleep(0.1)
+        raise AdminError(f"fleet not balanced within {timeout}s: identities per node {loads}")
+
+    # ------------------------------------------------------------- actions
+    def signal_node(self, node_id: str, sig: str) -> None:
+        self._node(node_id).signal(sig.upper())
+
+    def _action(self, path: str, via: str | None = None) -> dict[str, Any]:
+        """POST an action to one node (default: the leader, else any node that answers)."""
+        order = [via] if via else ([self.leader()] + self.node_ids)
+        errors = []
+        for node_id in order:
+            if node_id is None:
+                continue
+            try:
+                r = self._node(node_id).post(path)
+            except httpx.HTTPError as exc:
+                errors.append(f"{node_id}: {exc!r}")
+                continue
+            if r.status_code == 200:
+                return r.json()
+            errors.append(f"{node_id}: HTTP {r.status_code} {r.text[:200]}")
+            if r.status_code in (400, 401, 403, 404):
+                break
+        raise AdminError(f"{path} failed: " + "; ".join(errors))
+
+    def drain(self, node_id: str) -> dict[str, Any]:
+        self._node(node_id)
+        return self._action(f"/drain/{node_id}")
+
+    def undrain(self, node_id: str) -> dict[str, Any]:
+        self._node(node_id)
+        return self._action(f"/undrain/{node_id}")

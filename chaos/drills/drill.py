@@ -339,13 +339,7 @@ async def run_drill_async(config: DrillConfig, target: Target, progress: Progres
     log_dir.mkdir(parents=True, exist_ok=True)
     topic = f"drill-{run_id}"
     specs = client_specs(config.clients, run_id)
-    manifest = {
-        "run_id": run_id, "fault": config.fault, "repeat": config.repeat, "seed": seed, "topic": topic,
-        "bootstrap": target.bootstrap, "rate": config.rate, "with_fleet": target.fleet is not None,
-        "clients": [attrs.asdict(s) for s in specs],
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in attrs.asdict(config).items()
-                   if not callable(v)},
-    }
+    manifest = _manifest(config, target, run_id, seed, topic, specs)
     (run_dir / "drill.json").write_text(json.dumps(manifest, indent=2) + "\n")
     state: dict[str, Any] = {"phase": "starting", "run_id": run_id, "seed": seed, "fault": config.fault,
                              "repeat": config.repeat, "drill": 0, "steps": [], "errors": [], "tracebacks": []}
@@ -371,16 +365,7 @@ async def run_drill_async(config: DrillConfig, target: Target, progress: Progres
             report("creating topic")
             await in_thread(target.create_topic, topic, config.partitions, config.replication,
                                        timeout_s=120)
-            bootstrap = ",".join(target.bootstrap)
-            cmds = {
-                role: {
-                    s.client_id: command(s.role, s.family, bootstrap=bootstrap, topic=topic, trace_dir=trace_dir,
-                                         client_id=s.client_id, run_id=run_id, rate=config.rate, prefix=s.prefix,
-                                         group=s.group, python=config.python)
-                    for s in specs if s.role == role
-                }
-                for role in ROLES
-            }
+            cmds = _workload_commands(config, target, specs, topic, trace_dir, run_id)
             for role in ("consumer", "producer"):
                 if cmds[role]:
                     groups[role] = WorkloadGroup(role, cmds[role], log_dir, config.stop_timeout_s)
@@ -405,17 +390,9 @@ async def run_drill_async(config: DrillConfig, target: Target, progress: Progres
     workload_exits = {cid: rc for g in groups.values() for cid, rc in g.exits.items()}
     unclean = {cid: rc for cid, rc in workload_exits.items() if rc != 0}
     result.update({
-        "run_id": run_id,
-        "seed": seed,
-        "skipped": False,
-        "out_dir": str(run_dir),
-        "trace_dir": str(trace_dir),
-        "topic": topic,
-        "with_fleet": target.fleet is not None,
-        "clients_spec": [s.client_id for s in specs],
-        "steps": state["steps"],
-        "workload_exits": workload_exits,
-        "trace_errors": invalid,
+        "run_id": run_id, "seed": seed, "skipped": False, "out_dir": str(run_dir), "trace_dir": str(trace_dir),
+        "topic": topic, "with_fleet": target.fleet is not None, "clients_spec": [s.client_id for s in specs],
+        "steps": state["steps"], "workload_exits": workload_exits, "trace_errors": invalid,
         "errors": state["errors"] + ([f"workloads exited uncleanly: {unclean}"] if unclean else []),
         "duration_s": round(time.monotonic() - t0, 3),
     })
@@ -423,6 +400,33 @@ async def run_drill_async(config: DrillConfig, target: Target, progress: Progres
     (run_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     report("done", passed=result["passed"])
     return result
+
+
+def _manifest(config: DrillConfig, target: Target, run_id: str, seed: int, topic: str,
+              specs: list[ClientSpec]) -> dict[str, Any]:
+    """What ``drill.json`` records about the run (the PIDs are added once the clients run)."""
+    return {
+        "run_id": run_id, "fault": config.fault, "repeat": config.repeat, "seed": seed, "topic": topic,
+        "bootstrap": target.bootstrap, "rate": config.rate, "with_fleet": target.fleet is not None,
+        "clients": [attrs.asdict(s) for s in specs],
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in attrs.asdict(config).items()
+                   if not callable(v)},
+    }
+
+
+def _workload_commands(config: DrillConfig, target: Target, specs: list[ClientSpec], topic: str, trace_dir: Path,
+                       run_id: str) -> dict[str, dict[str, list[str]]]:
+    """{role: {client_id: the command line of its workload process}}."""
+    bootstrap = ",".join(target.bootstrap)
+    return {
+        role: {
+            s.client_id: command(s.role, s.family, bootstrap=bootstrap, topic=topic, trace_dir=trace_dir,
+                                 client_id=s.client_id, run_id=run_id, rate=config.rate, prefix=s.prefix,
+                                 group=s.group, python=config.python)
+            for s in specs if s.role == role
+        }
+        for role in ROLES
+    }
 
 
 def describe_error(exc: BaseException, limit: int = 1500) -> str:

@@ -15,7 +15,7 @@ all: setup
 $(BIN)/.stamp: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -q -c constraints.txt -e '.[dev,chaos,spark]'
 	touch $@
 
 $(KAFKA_LIBS): chaos/kafka/pom.xml

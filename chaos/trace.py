@@ -29,7 +29,10 @@ import os
 import threading
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import IO, Any
+
+from chaos.clients import FAMILIES
 
 # (name, type) with type one of: "string", "long", "int". Order is the column
 # order of the Spark schema.
@@ -57,7 +60,7 @@ CLIENT_EVENTS = frozenset({"send", "ack", "error", "consume"})
 FLEET_EVENTS = frozenset(
     {"fault", "node_down", "assignment_committed", "node_back", "drill_start", "drill_end"}
 )
-CLIENT_FAMILIES = frozenset({"aiokafka", "confluent", "kafka-python", "java"})
+CLIENT_FAMILIES = frozenset(FAMILIES)
 
 
 # Fields without which an event means nothing.
@@ -72,7 +75,7 @@ class TraceError(ValueError):
 def check_event(obj: Any, *, complete: bool = True) -> str | None:
     """Why a decoded JSON value is not a valid trace event, or None if it is.
 
-    ``complete=True`` is the writer's contract (``chaos.summary``): exactly the
+    ``complete=True`` is the writer's contract (``chaos.measures``): exactly the
     schema's fields, and a client event names its client and a known family.
     ``complete=False`` is the readers' (``spark.schema``): an absent field reads
     as null, as Spark's JSON reader has it.
@@ -179,3 +182,43 @@ class TraceWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# ------------------------------------------------------------------ reading
+def trace_files(trace_dir: str | os.PathLike[str]) -> list[Path]:
+    return sorted(Path(trace_dir).glob("*.jsonl"))
+
+
+def iter_events(trace_dir: str | os.PathLike[str]) -> Iterator[dict[str, Any]]:
+    for path in trace_files(trace_dir):
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                line = line.strip()
+                if line:
+                    yield json.loads(line)
+
+
+def load_events(trace_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    return list(iter_events(trace_dir))
+
+
+def validate_trace(trace_dir: str | os.PathLike[str], max_errors: int = 20) -> list[str]:
+    """Every schema violation as ``file:line: reason`` (at most ``max_errors``); [] when valid."""
+    errors: list[str] = []
+    files = trace_files(trace_dir)
+    if not files:
+        return [f"{trace_dir}: no *.jsonl files"]
+    for path in files:
+        with open(path, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    reason = check_event(json.loads(line))
+                except ValueError as exc:
+                    reason = f"not JSON: {exc}"
+                if reason is not None:
+                    errors.append(f"{path}:{number}: {reason}")
+                    if len(errors) >= max_errors:
+                        return errors
+    return errors

@@ -26,14 +26,14 @@ def bench() -> None:
 @click.option("--compare-splice", is_flag=True,
               help="Fetch phases also through a second proxy with splice off (third arm, alternating).")
 @click.option("--relay/--no-relay", default=True, show_default=True,
-              help="Fetch phases also through a Kafka-unaware splice relay (chaos.relay): the baseline hop. "
+              help="Fetch phases also through a Kafka-unaware splice relay (chaos.bench.relay): the baseline hop. "
                    "Needs the bench's own Kafka (ignored with --bootstrap).")
 @click.option("--json", "as_json", is_flag=True)
 def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_rounds: int | None,
                 fetch_max_version: int | None,
                 splice_min_bytes: int | None, compare_splice: bool, relay: bool, as_json: bool) -> None:
     """Throughput, CPU/GB, added latency and Metadata rewrite cost: proxy vs direct."""
-    from chaos.bench_proxy import run
+    from chaos.bench.throughput import run
 
     console = Console(stderr=True)
     results = run(bootstrap, records=records, rounds=rounds, fetch_rounds=fetch_rounds,
@@ -61,7 +61,7 @@ def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_rounds: 
 def bench_failover(drills: int, drains: int, clients: str | None, rate: float, state_dir: str | None,
                    out_dir: str | None, seed: int | None, as_json: bool) -> None:
     """RTO per client family over many SIGKILL drills (and drains), detection and commit times."""
-    from chaos.bench_failover import DEFAULT_CLIENTS, run
+    from chaos.bench.failover import DEFAULT_CLIENTS, run
 
     console = Console(stderr=True)
     phases: list[str] = []

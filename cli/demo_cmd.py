@@ -27,8 +27,8 @@ console = Console()
               show_default=True)
 def demo(state_dir: str, out_dir: str, clients: str) -> None:
     """Fleet up, status, kill-node drill under load, status, summary, fleet down."""
-    from chaos.drill import DrillConfig, Target, parse_clients, run_drill
-    from chaos.fleet import LocalFleet
+    from chaos.drills.drill import DrillConfig, Target, parse_clients, run_drill
+    from chaos.testbed.fleet import LocalFleet
     from cli.fleet_cmd import render_status
 
     state, out = Path(state_dir), Path(out_dir)
@@ -84,7 +84,7 @@ def render_timeline(trace_dir: Path) -> None:
     """Fault, detection, each committed map (broker -> proxy) with its epoch, in ms from the fault."""
     from rich.table import Table
 
-    from chaos.summary import iter_events
+    from chaos.trace import iter_events
 
     events = sorted((e for e in iter_events(trace_dir) if e["source"] == "fleet"), key=lambda e: e["ts_ns"])
     t0 = next((e["ts_ns"] for e in events if e["event"] == "fault"), events[0]["ts_ns"] if events else 0)

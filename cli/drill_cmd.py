@@ -1,6 +1,6 @@
 """`kproxy drill run`: a chaos drill under load with real clients -> trace + summary.
 
-Thin: parses, finds or brings up the target, calls ``chaos.drill.run_drill``,
+Thin: parses, finds or brings up the target, calls ``chaos.drills.drill.run_drill``,
 shows progress (rich, on stderr) and prints the summary. Exit codes: 0 when no
 record was lost or duplicated and every client recovered, 1 otherwise, 2 on
 bad usage, on a target that cannot be found, or when the fault cannot be
@@ -18,8 +18,9 @@ from typing import Any
 
 import click
 
-from chaos.faults import CONTROLS, FAULTS
-from chaos.workloads import FAMILIES
+from chaos.clients import FAMILIES
+from chaos.drills.fault_names import CONTROLS, FAULTS
+from proxy.admin_client import AdminError
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
 
@@ -35,7 +36,7 @@ def _fail(message: str, code: int = EXIT_USAGE) -> None:
 
 
 def _clients(ctx: click.Context, param: click.Parameter, value: str) -> tuple[tuple[str, str], ...]:
-    from chaos.drill import parse_clients
+    from chaos.drills.drill import parse_clients
 
     try:
         return parse_clients(value)
@@ -135,10 +136,10 @@ def _print_summary(result: dict[str, Any]) -> None:
 def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: str, as_json: bool,
         state_dir: str | None, seed: int | None, rate: float, direct: bool, progress: bool | None) -> None:
     """Run FAULT under load REPEAT times and print RTO, lost and duplicated records."""
-    from chaos.drill import DrillConfig, Target, new_seed, run_drill
-    from chaos.fleet import FleetError, LocalFleet
-    from chaos.kafka_cluster import KafkaCluster, KafkaError, free_base_port
-    from chaos.proxies import ProxyProcessError
+    from chaos.drills.drill import DrillConfig, Target, new_seed, run_drill
+    from chaos.testbed.fleet import LocalFleet
+    from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError, free_base_port
+    from chaos.testbed.proxies import ProxyProcessError
 
     seed = new_seed() if seed is None else seed
     click.echo(f"seed {seed}", err=True)
@@ -166,7 +167,7 @@ def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: 
                     owned_dir = tempfile.mkdtemp(prefix="kproxy-drill-fleet-")
                     click.echo(f"starting a local fleet in {owned_dir}", err=True)
                     fleet = owned = LocalFleet.up(owned_dir, kafka_base_port=free_base_port())
-            except (FleetError, KafkaError, ProxyProcessError) as exc:
+            except (AdminError, KafkaError, ProxyProcessError) as exc:
                 _fail(f"no local fleet: {exc}")
             target = Target.of_fleet(fleet)
         with _Live(show) as live:

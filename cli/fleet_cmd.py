@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from chaos.fleet import FleetError, LocalFleet
-from chaos.kafka_cluster import KafkaError
-from chaos.proxies import ProxyProcessError
+from proxy.admin_client import AdminError, ClusterAdmin
+
+if TYPE_CHECKING:  # the local launcher needs the [chaos] extra: imported where a command uses it
+    from chaos.testbed.fleet import LocalFleet
 
 state_dir_option = click.option("--state-dir", required=True, type=click.Path(file_okay=False),
                                 help="Directory holding the local fleet's state.")
@@ -25,10 +26,12 @@ def _fail(exc: Exception, code: int = 1) -> None:
     sys.exit(code)
 
 
-def _load(state_dir: str) -> LocalFleet:
+def _load(state_dir: str) -> "LocalFleet":
+    from chaos.testbed.fleet import LocalFleet
+
     try:
         return LocalFleet.load(state_dir)
-    except FleetError as exc:
+    except AdminError as exc:
         _fail(exc, 2)
         raise  # unreachable
 
@@ -44,14 +47,14 @@ def fleet_target(func: Any) -> Any:
                         help="Directory holding the local fleet's state.")(func)
 
 
-def _target(state_dir: str | None, admin_url: str | None, token_env: str) -> LocalFleet:
+def _target(state_dir: str | None, admin_url: str | None, token_env: str) -> ClusterAdmin:
     if (state_dir is None) == (admin_url is None):
         raise click.UsageError("give exactly one of --state-dir and --admin")
     if state_dir is not None:
         return _load(state_dir)
     try:
-        return LocalFleet.remote(admin_url or "", os.environ.get(token_env) or None)
-    except FleetError as exc:
+        return ClusterAdmin.discover(admin_url or "", os.environ.get(token_env) or None)
+    except AdminError as exc:
         _fail(exc, 2)
         raise  # unreachable
 
@@ -76,10 +79,14 @@ def fleet_up(brokers: int, proxies: int, state_dir: str, bootstrap: str | None, 
     """Start the fleet, wait for a leader and every identity assigned, print the bootstrap list."""
     if first_ip + proxies - 1 > 254:
         raise click.BadParameter(f"127.0.0.{first_ip + proxies - 1} is past 127.0.0.254", param_hint="--first-ip")
+    from chaos.testbed.fleet import LocalFleet
+    from chaos.testbed.kafka_cluster import KafkaError
+    from chaos.testbed.proxies import ProxyProcessError
+
     try:
         f = LocalFleet.up(state_dir, brokers=brokers, proxies=proxies, kafka_bootstrap=bootstrap, timeout=timeout,
                           first_ip=first_ip)
-    except (FleetError, KafkaError, ProxyProcessError, OSError) as exc:
+    except (AdminError, KafkaError, ProxyProcessError, OSError) as exc:
         _fail(exc)
     view = f.fleet_view()
     if as_json:
@@ -134,7 +141,7 @@ def cluster_status(state_dir: str | None, admin_url: str | None, token_env: str,
     """Nodes, roles, epoch, broker-id → proxy table, upstream brokers. Exit 1 when unhealthy."""
     f = _target(state_dir, admin_url, token_env)
     view = f.fleet_view()
-    problems = LocalFleet.health_problems(view)
+    problems = ClusterAdmin.health_problems(view)
     view["healthy"] = not problems
     view["problems"] = problems
     if as_json:
@@ -164,15 +171,15 @@ def kill_node(node: str, state_dir: str | None, admin_url: str | None, token_env
         click.confirm(f"Send SIG{sig.upper()} to proxy node {node}?", abort=True)
     try:
         f.signal_node(node, sig)
-    except FleetError as exc:
+    except AdminError as exc:
         _fail(exc)
     click.echo(f"sent SIG{sig.upper()} to {node}")
 
 
-def _move(f: LocalFleet, node: str, action: str) -> None:
+def _move(f: ClusterAdmin, node: str, action: str) -> None:
     try:
         result = getattr(f, action)(node)
-    except (FleetError, ProxyProcessError) as exc:
+    except AdminError as exc:
         _fail(exc)
     click.echo(f"{action}ed {node} at epoch {result.get('epoch')}")
 
@@ -198,9 +205,11 @@ def undrain(node: str, state_dir: str | None, admin_url: str | None, token_env: 
 @state_dir_option
 def restart_node(node: str, state_dir: str) -> None:
     """Stop NODE gracefully (if running), start it again and wait until it serves."""
+    from chaos.testbed.proxies import ProxyProcessError
+
     f = _load(state_dir)
     try:
         f.restart_node(node)
-    except (FleetError, ProxyProcessError) as exc:
+    except (AdminError, ProxyProcessError) as exc:
         _fail(exc)
     click.echo(f"{node} restarted")

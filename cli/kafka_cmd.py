@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from chaos.kafka_cluster import DEFAULT_BASE_PORT, KafkaCluster, KafkaError
+from chaos.testbed import KAFKA_BASE_PORT
 
 SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "STOP": signal.SIGSTOP, "CONT": signal.SIGCONT}
 state_dir_option = click.option(
@@ -29,12 +29,14 @@ def kafka() -> None:
 @kafka.command()
 @click.option("--brokers", type=click.IntRange(1, 9), default=3, show_default=True)
 @state_dir_option
-@click.option("--base-port", type=click.IntRange(1024, 65000), default=DEFAULT_BASE_PORT, show_default=True)
+@click.option("--base-port", type=click.IntRange(1024, 65000), default=KAFKA_BASE_PORT, show_default=True)
 @click.option("--rack", "racks", multiple=True, help="broker.rack per broker, in id order (repeat).")
 @click.option("--timeout", type=float, default=90.0, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Print bootstrap and brokers as JSON.")
 def up(brokers: int, state_dir: str, base_port: int, racks: tuple[str, ...], timeout: float, as_json: bool) -> None:
     """Start BROKERS local brokers and wait until they are all registered."""
+    from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError
+
     if racks and len(racks) != brokers:
         raise click.BadParameter(f"{len(racks)} racks for {brokers} brokers", param_hint="--rack")
     try:
@@ -53,6 +55,8 @@ def up(brokers: int, state_dir: str, base_port: int, racks: tuple[str, ...], tim
 @state_dir_option
 def down(state_dir: str) -> None:
     """Stop every broker that `up` started in STATE_DIR."""
+    from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError
+
     try:
         cluster = KafkaCluster.load(state_dir)
         stopped = sorted(cluster.pids)
@@ -68,6 +72,8 @@ def down(state_dir: str) -> None:
 @click.option("--signal", "sig", type=click.Choice(sorted(SIGNALS)), default="KILL", show_default=True)
 def kill(broker_id: int, state_dir: str, sig: str) -> None:
     """Send a signal to one broker (default SIGKILL)."""
+    from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError
+
     try:
         KafkaCluster.load(state_dir).kill(broker_id, SIGNALS[sig])
     except KafkaError as exc:
@@ -80,6 +86,8 @@ def kill(broker_id: int, state_dir: str, sig: str) -> None:
 @state_dir_option
 def restart(broker_id: int, state_dir: str) -> None:
     """Start a killed broker again and wait until it is registered."""
+    from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError
+
     try:
         KafkaCluster.load(state_dir).restart(broker_id)
     except KafkaError as exc:

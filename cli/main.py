@@ -9,6 +9,7 @@ usage or config.
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
 
@@ -44,8 +45,24 @@ def cli() -> None:
     """kproxy: a highly available proxy fleet for Apache Kafka."""
 
 
+# The third-party modules of each extra (pyproject.toml): a command whose import fails on one
+# of them names the extra to install instead of showing a traceback.
+EXTRA_OF_MODULE: dict[str, str] = {
+    **dict.fromkeys(("trio", "aiokafka", "confluent_kafka", "kafka", "psutil", "tomli_w"), "chaos"),
+    **dict.fromkeys(("pyspark", "pyarrow", "pandas", "numpy", "matplotlib"), "spark"),
+}
+
+
 def main() -> None:
-    cli()
+    try:
+        cli()
+    except ModuleNotFoundError as exc:
+        extra = EXTRA_OF_MODULE.get((exc.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        click.echo(f"error: this command needs the [{extra}] extra ({exc.name} is not installed): "
+                   f"pip install 'kproxy[{extra}]'", err=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

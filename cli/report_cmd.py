@@ -40,7 +40,7 @@ def report(ctx: click.Context, trace_dir: Path, out: Path | None, master: str, a
     else:
         from rich.console import Console
 
-        from spark.summary import render
+        from spark.report_text import render
 
         Console().print(render(result))
     ctx.exit(exit_code(result))

@@ -19,7 +19,7 @@ The report is extract -> transform -> load:
     windows, RTO per client per fault and its exact percentiles, detection and
     commit times, lost / duplicated records, the 100 ms throughput timeline.
     Built-in Spark SQL only, so executors need none of this code.
-``load`` (spark/load.py, plots.py, summary.py)
+``load`` (spark/load.py, plots.py, report_text.py)
     Collects the small results and writes report.json, summary.txt, CSV
     tables and PNG plots. Computes nothing the transforms do not.
 

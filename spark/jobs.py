@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        from spark.summary import to_text
+        from spark.report_text import to_text
 
         print(to_text(report), end="")
     return exit_code(report)

@@ -17,7 +17,7 @@ import pyarrow as pa
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from spark import plots, summary
+from spark import plots, report_text
 from spark.transform import BUCKET_MS, RECORD_KEY
 
 if TYPE_CHECKING:
@@ -163,6 +163,6 @@ def build_report(tables: Tables, trace: Trace, out_dir: Path, *, max_listed: int
         "out_dir": str(out_dir),
     }
     (out_dir / "report.json").write_text(json.dumps(report, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    (out_dir / "summary.txt").write_text(summary.to_text(report), encoding="utf-8")
+    (out_dir / "summary.txt").write_text(report_text.to_text(report), encoding="utf-8")
     return report
 

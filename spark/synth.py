@@ -158,58 +158,10 @@ def _build_run(spec: SynthSpec, rng: np.random.Generator, run_id: str, run_start
     fault_ts = [s + spec.lead_ms * NS_PER_MS + period // 2 for s in drill_starts]
     fault_names = [spec.faults[d % len(spec.faults)] for d in range(spec.drills)]
 
-    # -- fleet events and failover truth
-    fleet_rows: list[dict[str, Any]] = []
-    failover_truth: list[dict[str, Any]] = []
-    for d in range(spec.drills):
-        node = f"proxy-{d % 3 + 1}"
-        detect = int(rng.integers(5_000, 300_000)) * 1_000  # 5..300 ms, µs resolution
-        commit = int(rng.integers(1_000, 80_000)) * 1_000
-        down_ts = fault_ts[d] + detect
-        commit_ts = down_ts + commit
-        fleet_rows += [
-            make_event("fleet", "drill_start", ts_ns=drill_starts[d], run_id=run_id, fault=fault_names[d]),
-            make_event("fleet", "assignment_committed", ts_ns=drill_starts[d] + 1, run_id=run_id, epoch=2 * d, detail="{}"),
-            make_event("fleet", "fault", ts_ns=fault_ts[d], run_id=run_id, fault=fault_names[d], node=node),
-            make_event("fleet", "node_down", ts_ns=down_ts, run_id=run_id, node=node, epoch=2 * d + 1),
-            make_event("fleet", "assignment_committed", ts_ns=commit_ts, run_id=run_id, epoch=2 * d + 2, detail="{}"),
-            make_event("fleet", "node_back", ts_ns=commit_ts + 500 * NS_PER_MS, run_id=run_id, node=node),
-            make_event("fleet", "drill_end", ts_ns=drill_ends[d], run_id=run_id, fault=fault_names[d]),
-        ]
-        failover_truth.append(
-            {
-                "run_id": run_id,
-                "fault_idx": d,
-                "fault": fault_names[d],
-                "node": node,
-                "fault_ts_ns": fault_ts[d],
-                "node_down_ns": down_ts,
-                "committed_ns": commit_ts,
-                "detect_ms": detect / NS_PER_MS,
-                "commit_ms": commit / NS_PER_MS,
-            }
-        )
+    fleet_rows, failover_truth = _fleet_events(spec, rng, run_id, drill_starts, drill_ends, fault_ts, fault_names)
 
-    # -- producers: grid acks with planted gaps
-    max_gap_periods = int(spec.max_gap_ms * NS_PER_MS // period)
-    unrecovered = set()
-    pairs = [(p, d) for p in range(spec.producers) for d in range(spec.drills)]
-    for index in rng.choice(len(pairs), size=min(spec.unrecovered, len(pairs)), replace=False):
-        unrecovered.add(pairs[int(index)])
-    producer_ids = [f"{run_id}-producer-{p}" for p in range(spec.producers)]
-    ack_grid = run_start + np.arange(1, n + 1, dtype=np.int64) * period
-    acked = np.ones((spec.producers, n), dtype=bool)
-    producer_gaps: dict[tuple[str, int, str], tuple[int, int]] = {}
-    for p in range(spec.producers):
-        for d in range(spec.drills):
-            at_fault = int((fault_ts[d] - ack_grid[0]) // period)  # last grid index <= fault
-            last_ok = at_fault - int(rng.integers(0, max_gap_periods // 2 + 1))
-            if (p, d) in unrecovered:
-                first_ok = int((drill_ends[d] - ack_grid[0]) // period) + 1  # first ack after drill_end
-            else:
-                first_ok = at_fault + int(rng.integers(1, max_gap_periods // 2 + 1))
-            acked[p, last_ok + 1 : first_ok] = False
-            producer_gaps[(run_id, d, producer_ids[p])] = (int(ack_grid[last_ok]), int(ack_grid[first_ok]))
+    producer_ids, ack_grid, acked, producer_gaps = _producer_acks(spec, rng, run_id, run_start, period, fault_ts,
+                                                                  drill_ends)
 
     # Records: index r = p * n + i; key "<producer>-<i>", seq i.
     rec_producer = np.repeat(np.arange(spec.producers), n)
@@ -274,7 +226,92 @@ def _build_run(spec: SynthSpec, rng: np.random.Generator, run_id: str, run_start
         ]
     )
 
-    # -- truth, from the planted arrays (numpy, not Spark)
+    rto_truth = _rto_truth(spec, run_id, clients, families, ev_client, ev_ts, ev_code, fault_ts, drill_starts,
+                           drill_ends, fault_names)
+    lost_truth = {(run_id, spec.topic, f"{producer_ids[rec_producer[r]]}-{rec_seq[r]}", int(rec_seq[r])) for r in lost_records}
+    dup_truth = {
+        (run_id, spec.topic, f"g{g}", f"{producer_ids[rec_producer[r]]}-{rec_seq[r]}", int(rec_seq[r])): 2
+        for r, g in zip(dup_records, dup_groups)
+    }
+    return {
+        "table": table,
+        "rto": rto_truth,
+        "failover": failover_truth,
+        "lost": lost_truth,
+        "duplicated": dup_truth,
+        "producer_gaps": producer_gaps,
+    }
+
+
+def _fleet_events(spec: SynthSpec, rng: np.random.Generator, run_id: str, drill_starts: list[int],
+                  drill_ends: list[int], fault_ts: list[int],
+                  fault_names: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The fleet events of every drill, and the failover figures they plant."""
+    fleet_rows: list[dict[str, Any]] = []
+    failover_truth: list[dict[str, Any]] = []
+    for d in range(spec.drills):
+        node = f"proxy-{d % 3 + 1}"
+        detect = int(rng.integers(5_000, 300_000)) * 1_000  # 5..300 ms, µs resolution
+        commit = int(rng.integers(1_000, 80_000)) * 1_000
+        down_ts = fault_ts[d] + detect
+        commit_ts = down_ts + commit
+        fleet_rows += [
+            make_event("fleet", "drill_start", ts_ns=drill_starts[d], run_id=run_id, fault=fault_names[d]),
+            make_event("fleet", "assignment_committed", ts_ns=drill_starts[d] + 1, run_id=run_id, epoch=2 * d, detail="{}"),
+            make_event("fleet", "fault", ts_ns=fault_ts[d], run_id=run_id, fault=fault_names[d], node=node),
+            make_event("fleet", "node_down", ts_ns=down_ts, run_id=run_id, node=node, epoch=2 * d + 1),
+            make_event("fleet", "assignment_committed", ts_ns=commit_ts, run_id=run_id, epoch=2 * d + 2, detail="{}"),
+            make_event("fleet", "node_back", ts_ns=commit_ts + 500 * NS_PER_MS, run_id=run_id, node=node),
+            make_event("fleet", "drill_end", ts_ns=drill_ends[d], run_id=run_id, fault=fault_names[d]),
+        ]
+        failover_truth.append(
+            {
+                "run_id": run_id,
+                "fault_idx": d,
+                "fault": fault_names[d],
+                "node": node,
+                "fault_ts_ns": fault_ts[d],
+                "node_down_ns": down_ts,
+                "committed_ns": commit_ts,
+                "detect_ms": detect / NS_PER_MS,
+                "commit_ms": commit / NS_PER_MS,
+            }
+        )
+    return fleet_rows, failover_truth
+
+
+def _producer_acks(spec: SynthSpec, rng: np.random.Generator, run_id: str, run_start: int, period: int,
+                   fault_ts: list[int], drill_ends: list[int]
+                   ) -> tuple[list[str], np.ndarray, np.ndarray, dict[tuple[str, int, str], tuple[int, int]]]:
+    """Producer ids, the ack grid, which grid acks happen (a planted gap around every fault,
+    some never recovered before drill_end) and each planted gap."""
+    n = spec.records_per_producer()
+    max_gap_periods = int(spec.max_gap_ms * NS_PER_MS // period)
+    unrecovered = set()
+    pairs = [(p, d) for p in range(spec.producers) for d in range(spec.drills)]
+    for index in rng.choice(len(pairs), size=min(spec.unrecovered, len(pairs)), replace=False):
+        unrecovered.add(pairs[int(index)])
+    producer_ids = [f"{run_id}-producer-{p}" for p in range(spec.producers)]
+    ack_grid = run_start + np.arange(1, n + 1, dtype=np.int64) * period
+    acked = np.ones((spec.producers, n), dtype=bool)
+    producer_gaps: dict[tuple[str, int, str], tuple[int, int]] = {}
+    for p in range(spec.producers):
+        for d in range(spec.drills):
+            at_fault = int((fault_ts[d] - ack_grid[0]) // period)  # last grid index <= fault
+            last_ok = at_fault - int(rng.integers(0, max_gap_periods // 2 + 1))
+            if (p, d) in unrecovered:
+                first_ok = int((drill_ends[d] - ack_grid[0]) // period) + 1  # first ack after drill_end
+            else:
+                first_ok = at_fault + int(rng.integers(1, max_gap_periods // 2 + 1))
+            acked[p, last_ok + 1 : first_ok] = False
+            producer_gaps[(run_id, d, producer_ids[p])] = (int(ack_grid[last_ok]), int(ack_grid[first_ok]))
+    return producer_ids, ack_grid, acked, producer_gaps
+
+
+def _rto_truth(spec: SynthSpec, run_id: str, clients: list[str], families: list[str], ev_client: np.ndarray,
+               ev_ts: np.ndarray, ev_code: np.ndarray, fault_ts: list[int], drill_starts: list[int],
+               drill_ends: list[int], fault_names: list[str]) -> list[dict[str, Any]]:
+    """The RTO of every (fault, participating client), from the planted arrays (numpy, not Spark)."""
     success = ev_code != 0
     success &= ev_code != 2
     rto_truth: list[dict[str, Any]] = []
@@ -306,19 +343,7 @@ def _build_run(spec: SynthSpec, rng: np.random.Generator, run_id: str, run_start
                     "recovered": recovered,
                 }
             )
-    lost_truth = {(run_id, spec.topic, f"{producer_ids[rec_producer[r]]}-{rec_seq[r]}", int(rec_seq[r])) for r in lost_records}
-    dup_truth = {
-        (run_id, spec.topic, f"g{g}", f"{producer_ids[rec_producer[r]]}-{rec_seq[r]}", int(rec_seq[r])): 2
-        for r, g in zip(dup_records, dup_groups)
-    }
-    return {
-        "table": table,
-        "rto": rto_truth,
-        "failover": failover_truth,
-        "lost": lost_truth,
-        "duplicated": dup_truth,
-        "producer_gaps": producer_gaps,
-    }
+    return rto_truth
 
 
 def arrow_schema() -> pa.Schema:

@@ -6,38 +6,10 @@ to the driver or touches a file. Only built-in Spark SQL expressions are used
 (no Python UDFs), so the jobs run unchanged on a cluster whose executors have
 no copy of this code.
 
-Definitions (the words used in every report):
-
-fault window
-    Each ``fault`` event belongs to the drill that brackets it. Boundaries are
-    the run's drill_start, fault and drill_end events in time order; a fault's
-    window runs from the boundary just before it (its drill_start) to the one
-    just after it (its drill_end). A fault without brackets is bounded by the
-    neighbouring faults, or by the run's first and last event.
-
-RTO of one client for one fault
-    Success events are ``ack`` (producer) and ``consume`` (consumer). The gap
-    is the interval between the client's last success at or before the fault
-    instant and its first success after it. No success after it inside the
-    window: the gap ends at the window end and ``recovered`` is false. No
-    success before it: the gap starts at the client's first event. A client
-    takes part in a fault if its first event is at or before the fault
-    instant and its last event is at or after the window start.
-
-detect / commit
-    detect_ms: fault -> the first node_down in the window at or after it.
-    failover_ms: fault -> the first assignment_committed in the window at or
-    after the fault (for a planned move, drain or rolling restart, the new map
-    is published before the node goes down).
-    commit_ms: that node_down (or the fault, when nothing was detected) -> that
-    commit, 0 when the commit came first.
-
-records, lost, duplicated
-    A record is (run_id, topic, key, seq). Lost: acknowledged to a producer
-    and consumed by no consumer group of the topic. Duplicated: consumed more
-    than once by one group (a consumer without a group is its own group).
-    Unacked-consumed: consumed although no ack was seen (at-least-once retry
-    whose ack was lost; not an error).
+The measures (fault window, RTO, detect/commit, lost, duplicated) are
+defined once, with every parameter, in ``chaos.measures``; the constants used
+here come from there, and ``tests/spark/test_measures_agree.py`` checks this
+implementation against the pure-Python one on the same traces. Only here:
 
 throughput timeline
     acks and consumes per 100 ms bucket counted from the run's first event,
@@ -49,12 +21,11 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-NS_PER_MS = 1_000_000
+from chaos.measures import (ACK, BOUNDARY_RANK, CLIENT, COMMITTED, CONSUME, FAULT, FLEET, NO_GROUP_READER, NODE_DOWN,
+                            NS_PER_MS, PERCENTILES, RECORD_KEY, SUCCESS_EVENTS, UNKNOWN, percentile_label)
+from chaos.measures import FAULT_KEY as _FAULT_KEY
+
 BUCKET_MS = 100
-SUCCESS_EVENTS = ("ack", "consume")
-_BOUNDARIES = {"drill_start": 0, "fault": 1, "drill_end": 2}
-_FAULT_KEY = ("run_id", "fault_idx", "fault", "node", "fault_ts_ns", "window_start_ns", "window_end_ns")
-RECORD_KEY = ("run_id", "topic", "key", "seq")
 
 
 def _ms(ns: Column) -> Column:
@@ -62,11 +33,11 @@ def _ms(ns: Column) -> Column:
 
 
 def _is_client() -> Column:
-    return F.col("source") == "client"
+    return F.col("source") == CLIENT
 
 
 def _is_fleet() -> Column:
-    return F.col("source") == "fleet"
+    return F.col("source") == FLEET
 
 
 # -- runs and faults ------------------------------------------------------------
@@ -81,7 +52,7 @@ def runs(events: DataFrame) -> DataFrame:
             F.max("ts_ns").alias("end_ns"),
             F.count(F.lit(1)).alias("events"),
             F.count_distinct(F.when(_is_client(), F.col("client_id"))).alias("clients"),
-            F.sum(F.when(_is_fleet() & (F.col("event") == "fault"), 1).otherwise(0)).cast("long").alias("faults"),
+            F.sum(F.when(_is_fleet() & (F.col("event") == FAULT), 1).otherwise(0)).cast("long").alias("faults"),
         )
         .withColumn("duration_ms", _ms(F.col("end_ns") - F.col("start_ns")))
         .select("run_id", "start_ns", "end_ns", "duration_ms", "events", "clients", "faults")
@@ -92,15 +63,15 @@ def fault_windows(events: DataFrame, run_table: DataFrame | None = None) -> Data
     """One row per fault: run_id, fault_idx (0-based, time order), fault, node,
     fault_ts_ns, window_start_ns, window_end_ns."""
     run_table = runs(events) if run_table is None else run_table
-    rank = F.create_map(*[x for name, r in _BOUNDARIES.items() for x in (F.lit(name), F.lit(r))])
+    rank = F.create_map(*[x for name, r in BOUNDARY_RANK.items() for x in (F.lit(name), F.lit(r))])
     order = Window.partitionBy("run_id").orderBy("ts_ns", "rank", "fault", "node")
     boundaries = (
-        events.filter(_is_fleet() & F.col("event").isin(*_BOUNDARIES))
+        events.filter(_is_fleet() & F.col("event").isin(*BOUNDARY_RANK))
         .select("run_id", "ts_ns", "event", "fault", "node", rank[F.col("event")].alias("rank"))
         .withColumn("prev_ns", F.lag("ts_ns").over(order))
         .withColumn("next_ns", F.lead("ts_ns").over(order))
     )
-    faults = boundaries.filter(F.col("event") == "fault").withColumn(
+    faults = boundaries.filter(F.col("event") == FAULT).withColumn(
         "fault_idx",
         (F.row_number().over(Window.partitionBy("run_id").orderBy("ts_ns", "fault", "node")) - 1).cast("int"),
     )
@@ -108,7 +79,7 @@ def fault_windows(events: DataFrame, run_table: DataFrame | None = None) -> Data
     return faults.join(bounds, "run_id").select(
         "run_id",
         "fault_idx",
-        F.coalesce(F.col("fault"), F.lit("unknown")).alias("fault"),
+        F.coalesce(F.col("fault"), F.lit(UNKNOWN)).alias("fault"),
         "node",
         F.col("ts_ns").alias("fault_ts_ns"),
         F.coalesce("prev_ns", "start_ns").alias("window_start_ns"),
@@ -169,7 +140,7 @@ def rto_per_client(events: DataFrame, faults: DataFrame) -> DataFrame:
             F.min(F.when(ok, F.col("ts_ns"))).alias("first_ok_ns"),
             F.max(F.when(ok, F.col("ts_ns"))).alias("last_ok_ns"),
             F.min("family").alias("family"),
-            F.bool_or(F.col("event") == "consume").alias("consumer"),
+            F.bool_or(F.col("event") == CONSUME).alias("consumer"),
         )
     )
     before = F.col("seg") <= F.col("fault_idx")  # ts <= this fault's instant
@@ -198,7 +169,7 @@ def rto_per_client(events: DataFrame, faults: DataFrame) -> DataFrame:
             "node",
             "fault_ts_ns",
             "client_id",
-            F.coalesce("family", F.lit("unknown")).alias("family"),
+            F.coalesce("family", F.lit(UNKNOWN)).alias("family"),
             F.when(F.col("consumer"), F.lit("consumer")).otherwise(F.lit("producer")).alias("role"),
             "gap_start_ns",
             "gap_end_ns",
@@ -211,8 +182,7 @@ def rto_per_client(events: DataFrame, faults: DataFrame) -> DataFrame:
 def _stats(value: str, prefix: str = "") -> list[Column]:
     col = F.col(value)
     return [
-        F.percentile(col, 0.5).alias(f"{prefix}p50_ms"),
-        F.percentile(col, 0.99).alias(f"{prefix}p99_ms"),
+        *(F.percentile(col, p).alias(f"{prefix}{percentile_label(p)}_ms") for p in PERCENTILES),
         F.max(col).alias(f"{prefix}max_ms"),
     ]
 
@@ -239,12 +209,12 @@ def rto_stats(rto: DataFrame) -> DataFrame:
 def failover(events: DataFrame, faults: DataFrame) -> DataFrame:
     """One row per fault: the fault columns plus node_down_ns, committed_ns,
     detect_ms, commit_ms, failover_ms (nulls where the event never came)."""
-    marks = events.filter(_is_fleet() & F.col("event").isin("node_down", "assignment_committed")).select(
+    marks = events.filter(_is_fleet() & F.col("event").isin(NODE_DOWN, COMMITTED)).select(
         "run_id", "event", "ts_ns"
     )
     in_window = (F.col("ts_ns") >= F.col("anchor_ns")) & (F.col("ts_ns") <= F.col("window_end_ns"))
-    downs = marks.filter(F.col("event") == "node_down")
-    commits = marks.filter(F.col("event") == "assignment_committed")
+    downs = marks.filter(F.col("event") == NODE_DOWN)
+    commits = marks.filter(F.col("event") == COMMITTED)
     detected = (
         faults.select(*_FAULT_KEY)
         .withColumn("anchor_ns", F.col("fault_ts_ns"))
@@ -299,18 +269,18 @@ _READS_TYPE = "array<struct<group:string,times:bigint>>"
 
 def _reader() -> Column:
     """Who read a consume event: its group, or the client itself when it has none."""
-    return F.coalesce(F.col("group"), F.concat(F.lit("client:"), F.coalesce(F.col("client_id"), F.lit("?"))))
+    return F.coalesce(F.col("group"), F.concat(F.lit(NO_GROUP_READER), F.coalesce(F.col("client_id"), F.lit("?"))))
 
 
 def _record_events(events: DataFrame) -> DataFrame:
     return events.filter(
         _is_client() & F.col("event").isin(*SUCCESS_EVENTS) & (F.col("key").isNotNull() | F.col("seq").isNotNull())
-    ).select(*RECORD_KEY, "event", F.when(F.col("event") == "consume", _reader()).alias("reader"))
+    ).select(*RECORD_KEY, "event", F.when(F.col("event") == CONSUME, _reader()).alias("reader"))
 
 
 def consumer_readers(events: DataFrame) -> list[str]:
     """The distinct readers of the trace (runs a small query)."""
-    rows = events.filter(_is_client() & (F.col("event") == "consume")).select(_reader().alias("r")).distinct().collect()
+    rows = events.filter(_is_client() & (F.col("event") == CONSUME)).select(_reader().alias("r")).distinct().collect()
     return sorted(row["r"] for row in rows)
 
 
@@ -331,7 +301,7 @@ def record_outcomes(
         return _record_outcomes_two_pass(records)
     counts = [F.count(F.when(F.col("reader") == r, 1)).alias(f"_r{i}") for i, r in enumerate(readers)]
     grouped = records.groupBy(*RECORD_KEY).agg(
-        F.bool_or(F.col("event") == "ack").alias("acked"),
+        F.bool_or(F.col("event") == ACK).alias("acked"),
         F.count("reader").alias("consumes"),
         *counts,
     )
@@ -416,8 +386,8 @@ def timeline(
         .join(starts, "run_id")
         .groupBy("run_id", bucket.alias("bucket"))
         .agg(
-            F.sum(F.when(F.col("event") == "ack", 1).otherwise(0)).cast("long").alias("acks"),
-            F.sum(F.when(F.col("event") == "consume", 1).otherwise(0)).cast("long").alias("consumes"),
+            F.sum(F.when(F.col("event") == ACK, 1).otherwise(0)).cast("long").alias("acks"),
+            F.sum(F.when(F.col("event") == CONSUME, 1).otherwise(0)).cast("long").alias("consumes"),
         )
     )
     grid = run_table.select(

@@ -20,7 +20,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 @pytest.fixture(scope="session")
 def kafka_cluster(tmp_path_factory):
     """A real 3-broker KRaft cluster (Apache Kafka jars from Maven Central), shared by the session."""
-    from chaos.kafka_cluster import KafkaCluster, free_base_port
+    from chaos.testbed.kafka_cluster import KafkaCluster, free_base_port
 
     cluster = KafkaCluster(tmp_path_factory.mktemp("kafka"), 3, base_port=free_base_port(3, seed=os.getpid()))
     cluster.start(timeout=120)
@@ -45,7 +45,7 @@ def tap_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def proxy(kafka_cluster, tmp_path_factory, tap_dir):
     """One proxy node (no fleet) on 127.0.0.21 in front of the session cluster."""
-    from chaos.proxies import NodeProcess, fleet_config
+    from chaos.testbed.proxies import NodeProcess, fleet_config
 
     d = tmp_path_factory.mktemp("proxy")
     cfg = fleet_config(d / "fleet.toml", kafka_cluster.bootstrap, 1, first_ip=21, fleet=False,

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos import summary
-from chaos.drill import DrillConfig, Target, parse_clients, run_drill
-from chaos.faults import CASCADES, FAULTS
-from chaos.workloads import FAMILIES
+from chaos import trace
+from chaos.drills.drill import DrillConfig, Target, parse_clients, run_drill
+from chaos.drills.fault_names import CASCADES, FAULTS
+from chaos.clients import FAMILIES
 
 pytestmark = [pytest.mark.drill, pytest.mark.slow]
 
@@ -72,7 +72,7 @@ def _seed(fault: str) -> int:
 
 
 def _free_kafka_base_port() -> int:
-    from chaos.kafka_cluster import port_free
+    from chaos.testbed.kafka_cluster import port_free
 
     rng = random.Random(os.getpid() + 1)
     for _ in range(200):
@@ -84,7 +84,7 @@ def _free_kafka_base_port() -> int:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    from chaos.fleet import LocalFleet
+    from chaos.testbed.fleet import LocalFleet
 
     kwargs = {}
     if "kafka_base_port" in inspect.signature(LocalFleet.up).parameters:
@@ -109,7 +109,7 @@ def _spark_line_check():
 def test_drill(fleet, tmp_path, fault, clients):
     """One fault under load. For the cascades (two nodes of three, then both back) the fault
     itself fails the drill unless the last node advertised itself for every broker and the
-    identities rebalanced after the restart (``chaos.faults._cascade``)."""
+    identities rebalanced after the restart (``chaos.drills.faults._cascade``)."""
     fleet.wait_healthy(60)
     seed = _seed(fault)
     bound_ms = RTO_BOUNDS_MS.get(fault, RTO_BOUND_MS)
@@ -136,7 +136,7 @@ def test_drill(fleet, tmp_path, fault, clients):
         assert result["max_gap_ms"][family]["max"] < bound_ms, context
     expected_faults = {"rolling-restart": len(fleet.node_ids)}.get(fault, 2 if fault in CASCADES else 1)
     assert len(result["faults"]) == expected_faults, context
-    events = summary.load_events(result["trace_dir"])
+    events = trace.load_events(result["trace_dir"])
     backs = [e for e in events if e["source"] == "fleet" and e["event"] == "node_back"]
     assert len(backs) == expected_faults, context
     if fault in COMMITS:
@@ -154,7 +154,7 @@ def test_drill(fleet, tmp_path, fault, clients):
 def test_control_drill_injects_nothing(fleet, tmp_path):
     """The ``none`` control (the failover bench's baseline): a fault event, a node_back, and no
     reaction from the fleet: no node down, no new assignment, the epoch unchanged."""
-    from chaos.faults import CONTROLS
+    from chaos.drills.fault_names import CONTROLS
 
     assert CONTROLS == ("none",)
     # Balanced first: after the drill before (a restart, an undrain) the fleet may still move
@@ -166,7 +166,7 @@ def test_control_drill_injects_nothing(fleet, tmp_path):
     context = json.dumps({k: result.get(k) for k in ("errors", "steps", "faults", "records")}, indent=1, default=str)
     assert result["passed"] is True and result["errors"] == [], context
     assert result["lost"] == 0 and result["duplicated"] == 0, context
-    events = summary.load_events(result["trace_dir"])
+    events = trace.load_events(result["trace_dir"])
     fleet_events = [e["event"] for e in events if e["source"] == "fleet"]
     assert fleet_events.count("fault") == 2 and fleet_events.count("node_back") == 2, context
     assert "node_down" not in fleet_events and "assignment_committed" not in fleet_events, fleet_events

@@ -10,8 +10,8 @@ import httpx
 import pytest
 from click.testing import CliRunner
 
-from chaos import clients
-from chaos.fleet import LocalFleet
+from chaos.clients import batch as clients
+from chaos.testbed.fleet import LocalFleet
 from cli.main import cli
 
 pytestmark = [pytest.mark.drill, pytest.mark.integration]
@@ -110,7 +110,7 @@ def test_drain_moves_identities_without_client_errors(fleet, topic_name):
 
 def test_cluster_commands_through_any_admin_endpoint(fleet):
     """`cluster ... --admin URL`: one node's admin endpoint is enough to see and act on the fleet."""
-    from chaos.proxies import read_env
+    from chaos.testbed.proxies import read_env
 
     runner = CliRunner()
     url = fleet.nodes["p2"].admin_url

@@ -15,7 +15,7 @@ from kio.schema.api_versions.v0.response import ApiVersionsResponse
 from kio.schema.metadata.v1.request import MetadataRequest
 from kio.schema.metadata.v1.response import MetadataResponse
 
-from proxy import _fixtures as fx
+from chaos.bench import frames as fx
 from proxy.config import parse
 from tests.integration.test_splice_data_path import NodeThread
 
@@ -100,7 +100,7 @@ def _wait_readyz(node, code: int) -> None:  # type: ignore[no-untyped-def]
 
 
 def test_kproxy_run_is_not_ready_while_a_listener_cannot_bind(kafka_cluster, tmp_path):
-    from chaos.proxies import NodeProcess, fleet_config
+    from chaos.testbed.proxies import NodeProcess, fleet_config
 
     host, admin_port = "127.0.0.25", 9200  # below the broker ports' window (BASE and up)
     blocked = sorted(kafka_cluster.pids)[0]

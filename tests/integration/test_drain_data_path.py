@@ -20,10 +20,10 @@ from kio.schema.fetch.v12.response import FetchResponse
 from kio.schema.heartbeat.v4.request import HeartbeatRequest
 from kio.static.primitive import i32Timedelta
 
+from chaos.bench.frames import decode_response, make, request_frame
 from membership.serving import ServingMap
 from proxy import drain as drain_core
 from proxy import registry as proxy_registry
-from proxy._fixtures import decode_response, make, request_frame
 from proxy.config import parse, proxy_node
 from proxy.datapath import DataPath
 from proxy.drain import DrainState

@@ -9,7 +9,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from chaos.kafka_cluster import free_base_port
+from chaos.testbed.kafka_cluster import free_base_port
 from cli.main import cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chaos import clients
+from chaos.clients import batch as clients
 
 pytestmark = [pytest.mark.integration]
 
@@ -64,7 +64,7 @@ def test_clients_continue_with_one_broker_killed(kafka_cluster, topic_name):
 
 def test_storage_format_accepts_a_cluster_id_starting_with_a_dash(tmp_path):
     """Cluster ids are url-safe base64 and may start with '-' (once read as an option)."""
-    from chaos.kafka_cluster import KafkaCluster
+    from chaos.testbed.kafka_cluster import KafkaCluster
 
     cluster = KafkaCluster(tmp_path, 1, base_port=38001)
     cluster.cluster_id = "-abcDEFghiJKLmnoPQRstu"

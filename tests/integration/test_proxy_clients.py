@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from chaos import clients
+from chaos.clients import batch as clients
 
 pytestmark = [pytest.mark.integration]
 

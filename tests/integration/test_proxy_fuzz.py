@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from chaos import clients
+from chaos.clients import batch as clients
 
 pytestmark = [pytest.mark.integration]
 

@@ -4,7 +4,7 @@
   SIGTERM makes producers flush and exit 0, and every acknowledged record
   reaches both consumer groups;
 * a broker-kill drill (Kafka's own fail-over) with the other two families
-  through ``chaos.drill``: zero lost, zero duplicated, every client recovered,
+  through ``chaos.drills.drill``: zero lost, zero duplicated, every client recovered,
   the trace valid. It runs last: the restarted broker is still catching up
   when it ends.
 """
@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from chaos import summary
-from chaos.drill import DrillConfig, Target, TraceTail, run_drill
-from chaos.workloads import command
+from chaos import trace
+from chaos.drills import summary
+from chaos.drills.drill import DrillConfig, Target, TraceTail, run_drill
+from chaos.clients.workload import command
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -103,11 +104,11 @@ def test_java_and_kafka_python_workloads_flush_on_sigterm(kafka_cluster, topic_n
                 p.kill()
                 p.wait(10)
 
-    assert summary.validate_trace(trace_dir) == []
+    assert trace.validate_trace(trace_dir) == []
     s = summary.summarize(trace_dir)
     assert s["lost"] == 0 and s["duplicated"] == 0 and s["unacked_consumed"] == 0
     assert s["missed_by_group"] == {f"{topic_name}-j": 0, f"{topic_name}-k": 0}
-    events = summary.load_events(trace_dir)
+    events = trace.load_events(trace_dir)
     for cid in specs:  # the exit line's counts agree with the trace
         exit_line = json.loads([ln for ln in outs[cid].read_text().splitlines() if ln.startswith("{")][-1])
         mine = [e for e in events if e["client_id"] == cid]
@@ -148,7 +149,7 @@ def test_broker_kill_drill_loses_and_duplicates_nothing(kafka_cluster, tmp_path)
     assert result["missed_by_group"] and not any(result["missed_by_group"].values()), context
     (fault,) = result["faults"]
     assert fault["fault"] == "broker-kill" and fault["node"].startswith("broker-")
-    events = summary.load_events(result["trace_dir"])
+    events = trace.load_events(result["trace_dir"])
     fleet = [e["event"] for e in events if e["source"] == "fleet"]
     assert fleet == ["drill_start", "fault", "node_back", "drill_end"]
     assert result["passed"] is True

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from chaos.netfault import Partition, PartitionError, partition_support
+from chaos.drills.netfault import Partition, PartitionError, partition_support
 
 pytestmark = pytest.mark.integration
 

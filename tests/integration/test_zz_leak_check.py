@@ -13,7 +13,7 @@ import struct
 
 import pytest
 
-from chaos import clients
+from chaos.clients import batch as clients
 
 pytestmark = [pytest.mark.integration]
 

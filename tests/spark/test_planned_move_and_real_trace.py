@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from chaos import summary as chaos_summary
+from chaos.drills import summary as drill_summary
 from spark import transform
 from spark.jobs import run_report
 from tests.spark.traces import TraceBuilder, ns
@@ -49,7 +49,7 @@ def test_planned_move_spark(spark_session):
 
 def test_planned_move_chaos_summary():
     events = _planned_move().events
-    result = chaos_summary.summarize_events(events)
+    result = drill_summary.summarize_events(events)
     (fault,) = result["faults"]
     assert fault["detect_ms"] == pytest.approx(300.0)
     assert fault["failover_ms"] == pytest.approx(40.0)

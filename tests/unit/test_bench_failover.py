@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from chaos import faults
-from chaos.bench_failover import excess
+from chaos.drills import faults
+from chaos.bench.failover import excess
 
 pytestmark = pytest.mark.unit
 

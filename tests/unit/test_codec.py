@@ -24,7 +24,7 @@ from kio.schema.produce.v9.response import ProduceResponse as ProduceResponseV9
 
 from kio.static.primitive import i32Timedelta
 
-from proxy import _fixtures as fx
+from chaos.bench import frames as fx
 from proxy.codec import DEFAULT_MAX_FRAME_SIZE
 from proxy.codec import ConnectionCodec
 from proxy.codec import CorrelationTable

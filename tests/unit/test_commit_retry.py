@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from chaos import workloads
-from chaos.workloads import CommitRetry, _commit_with_retry, _is_instance
+from chaos.clients import paced, settings
+from chaos.clients.confluent_client import confluent_rebalancing
+from chaos.clients.paced import CommitRetry, commit_with_retry, is_instance
 
 pytestmark = pytest.mark.unit
 
@@ -35,8 +36,8 @@ class _Clock:
 @pytest.fixture
 def clock(monkeypatch):
     c = _Clock()
-    monkeypatch.setattr(workloads.time, "monotonic", c.monotonic)
-    monkeypatch.setattr(workloads.time, "sleep", c.sleep)
+    monkeypatch.setattr(paced.time, "monotonic", c.monotonic)
+    monkeypatch.setattr(paced.time, "sleep", c.sleep)
     return c
 
 
@@ -56,10 +57,10 @@ class _Flaky:
 def test_kafka_python_rebalance_gives_up_at_once(clock):
     from kafka import errors
 
-    rebalancing = _is_instance(errors.CommitFailedError, errors.RebalanceInProgressError)
+    rebalancing = is_instance(errors.CommitFailedError, errors.RebalanceInProgressError)
     t = _Trace()
     commit = _Flaky(errors.RebalanceInProgressError("rebalancing"), errors.RebalanceInProgressError("again"))
-    _commit_with_retry(commit, t, rebalancing)  # type: ignore[arg-type]
+    commit_with_retry(commit, t, rebalancing)  # type: ignore[arg-type]
     assert commit.calls == 1
     assert clock.sleeps == []
     assert len(t.errors) == 1 and "RebalanceInProgressError" in t.errors[0]
@@ -68,10 +69,10 @@ def test_kafka_python_rebalance_gives_up_at_once(clock):
 def test_retriable_error_backs_off_then_succeeds(clock):
     from kafka import errors
 
-    rebalancing = _is_instance(errors.RebalanceInProgressError)
+    rebalancing = is_instance(errors.RebalanceInProgressError)
     t = _Trace()
     commit = _Flaky(*(errors.NotCoordinatorError("moved") for _ in range(5)))
-    _commit_with_retry(commit, t, rebalancing)  # type: ignore[arg-type]
+    commit_with_retry(commit, t, rebalancing)  # type: ignore[arg-type]
     assert commit.calls == 6
     assert clock.sleeps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0])
     assert len(t.errors) == 5
@@ -80,18 +81,18 @@ def test_retriable_error_backs_off_then_succeeds(clock):
 def test_retries_end_at_the_deadline(clock):
     t = _Trace()
     commit = _Flaky(*(TimeoutError("slow") for _ in range(100)))
-    _commit_with_retry(commit, t, lambda exc: False)  # type: ignore[arg-type]
-    assert sum(clock.sleeps) <= workloads.COMMIT_RETRY_S
-    assert sum(clock.sleeps) > workloads.COMMIT_RETRY_S - workloads.RETRY_BACKOFF_MAX_MS / 1000
+    commit_with_retry(commit, t, lambda exc: False)  # type: ignore[arg-type]
+    assert sum(clock.sleeps) <= settings.COMMIT_RETRY_S
+    assert sum(clock.sleeps) > settings.COMMIT_RETRY_S - settings.RETRY_BACKOFF_MAX_MS / 1000
     assert commit.calls == len(clock.sleeps) + 1 < 100
 
 
 def test_confluent_rebalance_codes_give_up():
     from confluent_kafka import KafkaError, KafkaException
 
-    retry = CommitRetry(_Trace(), workloads.confluent_rebalancing)  # type: ignore[arg-type]
+    retry = CommitRetry(_Trace(), confluent_rebalancing)  # type: ignore[arg-type]
     assert retry.failed(KafkaException(KafkaError(KafkaError.REBALANCE_IN_PROGRESS))) is None
-    retry = CommitRetry(_Trace(), workloads.confluent_rebalancing)  # type: ignore[arg-type]
+    retry = CommitRetry(_Trace(), confluent_rebalancing)  # type: ignore[arg-type]
     assert retry.failed(KafkaException(KafkaError(KafkaError.REQUEST_TIMED_OUT))) == pytest.approx(0.1)
 
 
@@ -99,7 +100,7 @@ def test_confluent_rebalance_codes_give_up():
 def test_stop_aiokafka_survives_its_fetcher_cancelled_error_but_not_ours():
     import asyncio
 
-    from chaos.workloads import stop_aiokafka
+    from chaos.clients.aiokafka_client import stop_aiokafka
 
     class Client:
         def __init__(self) -> None:

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from kio.index import load_response_schema
 from kio.static.primitive import Records
 
-from proxy import _fixtures as fx
+from chaos.bench import frames as fx
 from proxy.codec import CorrelationTable
 from proxy.codec import RequestTracker
 from proxy.codec import ResponseSplitter

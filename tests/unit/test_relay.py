@@ -1,4 +1,4 @@
-"""The bench's baseline hop (chaos.relay) and the RELAY listener the launcher gives brokers for it."""
+"""The bench's baseline hop (chaos.bench.relay) and the RELAY listener the launcher gives brokers for it."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import threading
 
 import pytest
 
-from chaos.bench_proxy import _alternate_arms
-from chaos.kafka_cluster import RELAY_PORT_OFFSET, KafkaCluster
-from chaos.relay import Relay, parse_route
+from chaos.bench.throughput import _alternate_arms
+from chaos.testbed.kafka_cluster import RELAY_PORT_OFFSET, KafkaCluster
+from chaos.bench.relay import Relay, parse_route
 
 pytestmark = pytest.mark.unit
 
@@ -131,7 +131,7 @@ def test_machine_meter_splits_cpu_between_client_and_hop():
 
     import psutil
 
-    from chaos.bench_proxy import _Machine
+    from chaos.bench.throughput import _Machine
 
     machine = _Machine([])
     me = psutil.Process()

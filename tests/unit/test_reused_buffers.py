@@ -17,7 +17,7 @@ from kio.schema.produce.v9.request import ProduceRequest as ProduceRequestV9
 from kio.schema.produce.v9.response import ProduceResponse as ProduceResponseV9
 from kio.static.primitive import i32Timedelta
 
-from proxy import _fixtures as fx
+from chaos.bench import frames as fx
 from proxy.buffers import MAX_LENT
 from proxy.buffers import ReadBuffers
 from proxy.codec import CorrelationTable

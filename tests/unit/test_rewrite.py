@@ -20,7 +20,7 @@ from kio.schema.index import api_key_map
 from kio.schema.index import schema_name_map
 from kio.static.primitive import Records
 
-from proxy import _fixtures as fx
+from chaos.bench import frames as fx
 from proxy._wire import encode_uvarint
 from proxy.codec import known_versions
 from proxy.errors import AddressConflict

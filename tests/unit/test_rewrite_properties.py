@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from kio.index import load_response_schema
 from kio.static.primitive import Records
 
-from proxy import _fixtures as fx
+from chaos.bench import frames as fx
 from proxy._wire import is_address_entity
 from proxy.errors import EmptyBrokerList
 from proxy.rewrite import FULL_LIST_APIS

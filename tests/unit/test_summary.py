@@ -1,4 +1,4 @@
-"""chaos.summary over hand-made traces; every expected figure was worked out by hand (see comments)."""
+"""chaos.measures over hand-made traces; every expected figure was worked out by hand (see comments)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from chaos import summary
+from chaos import measures, trace
+from chaos.drills import summary
 from chaos.trace import TraceWriter, make_event
 
 pytestmark = pytest.mark.unit
@@ -67,13 +68,13 @@ TRACE_A = [
 
 
 def test_fault_window_a():
-    (w,) = summary.fault_windows(TRACE_A)
+    (w,) = measures.fault_windows(TRACE_A)
     assert (w.fault, w.node, w.fault_ts_ns, w.window_start_ns, w.window_end_ns) == (
         "kill", "p1", 2000 * MS, 1000 * MS, 9000 * MS)
 
 
 def test_rto_per_client_a():
-    rows = {r.client_id: r for r in summary.rto_per_client(TRACE_A, summary.fault_windows(TRACE_A))}
+    rows = {r.client_id: r for r in measures.rto_per_client(TRACE_A, measures.fault_windows(TRACE_A))}
     assert sorted(rows) == ["ac", "ap", "cp", "kp"]
     assert rows["ap"].rto_ms == 600 and rows["ap"].recovered and rows["ap"].role == "producer"
     assert rows["ac"].rto_ms == 1150 and rows["ac"].recovered and rows["ac"].role == "consumer"
@@ -134,13 +135,13 @@ TRACE_B = [
 
 
 def test_windows_b():
-    ws = summary.fault_windows(TRACE_B)
+    ws = measures.fault_windows(TRACE_B)
     assert [(w.fault_idx, w.node, w.window_start_ns // MS, w.window_end_ns // MS) for w in ws] == [
         (0, "p1", 1000, 5000), (1, "p2", 2000, 8000)]
 
 
 def test_rto_b():
-    rows = {(r.fault_idx, r.client_id): r for r in summary.rto_per_client(TRACE_B, summary.fault_windows(TRACE_B))}
+    rows = {(r.fault_idx, r.client_id): r for r in measures.rto_per_client(TRACE_B, measures.fault_windows(TRACE_B))}
     expected = {
         (0, "x"): (1100, True), (1, "x"): (2500, True),
         (0, "y"): (3200, False), (1, "y"): (6200, False),
@@ -151,7 +152,7 @@ def test_rto_b():
 
 
 def test_failover_b():
-    fo = summary.failover(TRACE_B, summary.fault_windows(TRACE_B))
+    fo = measures.failover(TRACE_B, measures.fault_windows(TRACE_B))
     # fault 0: down 2100 (100), commit 2300 (200 after the down), failover 300
     assert (fo[0].detect_ms, fo[0].commit_ms, fo[0].failover_ms) == (100.0, 200.0, 300.0)
     # fault 1: down 5200 (200); no commit at or after 5200 inside [2000, 8000]
@@ -175,16 +176,16 @@ def test_drain_without_node_down_anchors_commit_at_the_fault():
         fleet(4000, "drill_end", fault="drain"),
         fleet(5000, "node_down", node="p3", epoch=10),  # after the window: ignored
     ]
-    (f,) = summary.failover(trace, summary.fault_windows(trace))
+    (f,) = measures.failover(trace, measures.fault_windows(trace))
     assert (f.detect_ms, f.commit_ms, f.failover_ms) == (None, 50.0, 50.0)
 
 
 def test_fault_without_brackets_uses_run_bounds():
     trace = [ack(100, "a", "aiokafka", "1.0"), fleet(300, "fault", fault="kill", node="p1"),
              ack(1000, "a", "aiokafka", "1.1")]
-    (w,) = summary.fault_windows(trace)
+    (w,) = measures.fault_windows(trace)
     assert (w.window_start_ns, w.window_end_ns) == (100 * MS, 1000 * MS)
-    (r,) = summary.rto_per_client(trace, [w])
+    (r,) = measures.rto_per_client(trace, [w])
     assert r.rto_ms == 900 and r.recovered  # 100 -> 1000; the first ack after is the window end itself
 
 
@@ -212,7 +213,7 @@ def test_no_faults_all_consumed_is_healthy():
     ([], 0.5, None),
 ])
 def test_percentile_linear(values, p, expected):
-    got = summary.percentile(values, p)
+    got = measures.percentile(values, p)
     assert got == (pytest.approx(expected) if expected is not None else None)
 
 
@@ -220,12 +221,12 @@ def test_validate_trace(tmp_path):
     with TraceWriter(tmp_path, "ok", "r1") as w:
         w.client("ack", client_id="a", family="java", topic="t", key="1.0", seq=0, partition=1, offset=2)
         w.fleet("fault", fault="kill", node="p1")
-    assert summary.validate_trace(tmp_path) == []
+    assert trace.validate_trace(tmp_path) == []
     line = json.loads((tmp_path / "ok.jsonl").read_text().splitlines()[0])
     bad = [dict(line, offset=2.0), dict(line, event="acked"), {k: v for k, v in line.items() if k != "group"},
            dict(line, family="rust")]
     (tmp_path / "bad.jsonl").write_text("\n".join(json.dumps(b) for b in bad) + "\nnot json\n")
-    errors = summary.validate_trace(tmp_path)
+    errors = trace.validate_trace(tmp_path)
     assert [e.split(":")[1] for e in errors] == ["1", "2", "3", "4", "5"]
     assert "'offset' must be a JSON integer" in errors[0] and "unknown client event" in errors[1]
     assert "missing ['group']" in errors[2] and "unknown client family" in errors[3] and "not JSON" in errors[4]
@@ -239,16 +240,16 @@ def test_summarize_reads_a_directory(tmp_path):
         (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
     s = summary.summarize(tmp_path, fault="kill")
     assert s["trace_dir"] == str(tmp_path) and s["lost"] == 2 and s["rto_ms"]["aiokafka"]["max"] == 1150.0
-    assert summary.validate_trace(tmp_path) == []
+    assert trace.validate_trace(tmp_path) == []
 
 
 def test_max_gap_covers_the_whole_window():
-    rows_a = {r.client_id: r.max_gap_ms for r in summary.rto_per_client(TRACE_A, summary.fault_windows(TRACE_A))}
+    rows_a = {r.client_id: r.max_gap_ms for r in measures.rto_per_client(TRACE_A, measures.fault_windows(TRACE_A))}
     # ap: successes 500 1000 1900 2500 3000, nothing until the window end 9000 -> 6000
     # ac: last success 3400 -> 9000 = 5600 (the 600 -> 700 gap ends before the window start 1000)
     # cp: 1800 -> 7000 = 5200 beats 7000 -> 9000 = 2000; kp: 1500 -> 9000 = 7500
     assert rows_a == {"ap": 6000.0, "ac": 5600.0, "cp": 5200.0, "kp": 7500.0}
-    rows_b = {(r.fault_idx, r.client_id): r for r in summary.rto_per_client(TRACE_B, summary.fault_windows(TRACE_B))}
+    rows_b = {(r.fault_idx, r.client_id): r for r in measures.rto_per_client(TRACE_B, measures.fault_windows(TRACE_B))}
     # x, window [1000, 5000]: the RTO gap is 1500 -> 2600 = 1100, but 2600 -> 4000 = 1400 is longer;
     # 4000 -> 6500 is cut at the window end (1000)
     assert (rows_b[(0, "x")].rto_ms, rows_b[(0, "x")].max_gap_ms) == (1100.0, 1400.0)

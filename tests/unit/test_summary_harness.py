@@ -9,11 +9,12 @@ import time
 import pytest
 import trio
 
-from chaos.drill import client_specs, describe_error, parse_clients
-from chaos.faults import FleetWatcher, node_up, status_view
-from chaos.netfault import PartitionError, check_address
+from chaos.drills.drill import client_specs, describe_error, parse_clients
+from chaos.drills.watcher import ReactionWatcher, node_up, status_view
+from chaos.drills.netfault import PartitionError, check_address
 from chaos.trace import TraceWriter
-from chaos.workloads import Pacer, command, parse_value, record_value
+from chaos.clients.paced import Pacer, parse_value, record_value
+from chaos.clients.workload import command
 
 pytestmark = pytest.mark.unit
 
@@ -44,7 +45,7 @@ def test_record_values_round_trip():
 def test_command_line():
     cmd = command("producer", "java", bootstrap="h:1", topic="t", trace_dir="/d", client_id="c", run_id="r",
                   rate=50, prefix=2, python="py")
-    assert cmd == ["py", "-m", "chaos.workloads", "producer", "--family", "java", "--bootstrap", "h:1", "--topic",
+    assert cmd == ["py", "-m", "chaos.clients.workload", "producer", "--family", "java", "--bootstrap", "h:1", "--topic",
                    "t", "--trace-dir", "/d", "--client-id", "c", "--run-id", "r", "--rate", "50", "--prefix", "2"]
     with pytest.raises(ValueError):
         command("consumer", "java", bootstrap="h:1", topic="t", trace_dir="/d", client_id="c", run_id="r")
@@ -52,7 +53,7 @@ def test_command_line():
 
 def test_pacer_keeps_the_schedule_and_does_not_burst_after_a_stall(monkeypatch):
     now = [100.0]
-    monkeypatch.setattr("chaos.workloads.time.monotonic", lambda: now[0])
+    monkeypatch.setattr("chaos.clients.paced.time.monotonic", lambda: now[0])
     p = Pacer(10.0)  # one send every 0.1 s
     assert p.delay_s() == 0.0
     p.advance()
@@ -77,7 +78,7 @@ def _view(epoch, assignment, alive):
 
 def test_watcher_writes_node_down_and_assignment_committed(tmp_path):
     w = TraceWriter(tmp_path, "fleet", "r1")
-    watcher = FleetWatcher(fleet=None, trace=w)
+    watcher = ReactionWatcher(fleet=None, trace=w)
     watcher.observe(_view(5, {"1": "p1", "2": "p2", "3": "p3"}, {"p1": True, "p2": True, "p3": True}),
                     baseline=True)
     watcher.observe(_view(5, {"1": "p1", "2": "p2", "3": "p3"}, {"p1": True, "p2": True, "p3": True}))
@@ -136,7 +137,7 @@ class TinyFleet:
 def test_watcher_polls_the_leader_and_skips_a_silent_node(tmp_path):
     fleet = TinyFleet()
     w = TraceWriter(tmp_path, "fleet", "r1")
-    watcher = FleetWatcher(fleet, w)
+    watcher = ReactionWatcher(fleet, w)
 
     async def main():
         view = await watcher.view()  # p1 first (no hint yet): fails, then p2, which names p3 leader
@@ -177,7 +178,7 @@ class ClockFleet(TinyFleet):
 def test_watcher_takes_the_fleets_own_event_time(tmp_path):
     fleet = ClockFleet()
     w = TraceWriter(tmp_path, "fleet", "r1")
-    watcher = FleetWatcher(fleet, w)
+    watcher = ReactionWatcher(fleet, w)
     marks = {}
 
     async def main():

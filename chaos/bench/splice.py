@@ -3,7 +3,7 @@
 sender process --TCP--> forwarder (this process, measured) --TCP--> receiver process
 Modes alternate A/B/A/B. Forwarder CPU = getrusage(RUSAGE_SELF) user+sys around the run.
 
-    python -m proxy.bench_splice --gb 1 --rounds 4     # BENCHMARKS.md, "Proxy overhead"
+    python -m chaos.bench.splice --gb 1 --rounds 4     # BENCHMARKS.md, "Proxy overhead"
 """
 from __future__ import annotations
 

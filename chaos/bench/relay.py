@@ -14,7 +14,7 @@ relay's address (``KafkaCluster(relay_host=...)``).
 
 Run as a process (so its CPU is measured apart) and stopped by PID::
 
-    python -m chaos.relay --max-seconds 3600 127.0.0.33:19292=127.0.0.1:19292 ...
+    python -m chaos.bench.relay --max-seconds 3600 127.0.0.33:19292=127.0.0.1:19292 ...
 
 Only loopback addresses are accepted, on both sides.
 """
@@ -133,7 +133,7 @@ class Relay:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m chaos.relay", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m chaos.bench.relay", description=__doc__.split("\n\n")[0])
     ap.add_argument("routes", nargs="+", help="LISTEN_HOST:PORT=TARGET_HOST:PORT (loopback only)")
     ap.add_argument("--max-seconds", type=float, default=3600.0, help="exit after this long at the latest")
     args = ap.parse_args(argv)

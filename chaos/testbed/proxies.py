@@ -15,18 +15,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import httpx
 import psutil
 import tomli_w
 
-from proxy.config import http_url
+from proxy.admin_client import DEFAULT_ADMIN_PORT, DEFAULT_BOOTSTRAP_PORT, NodeAdmin
 
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP, "CONT": signal.SIGCONT, "TERM": signal.SIGTERM}
-BOOTSTRAP_PORT = 9092
+BOOTSTRAP_PORT = DEFAULT_BOOTSTRAP_PORT
 PORT_BASE = 9100  # broker B is served on 9100 + B by every node
-ADMIN_PORT = 9400
+ADMIN_PORT = DEFAULT_ADMIN_PORT
 RAFT_PORT = 9500
 
 
@@ -90,78 +90,8 @@ def read_env(config_path: str | os.PathLike[str]) -> dict[str, str]:
     return out
 
 
-class AdminEndpoint:
-    """A fleet node as its admin endpoint sees it: GET views, token-authorised POST actions.
-
-    On its own it stands for a node of a fleet that runs anywhere (``LocalFleet.remote``, the
-    ``cluster`` commands with ``--admin URL``): no process of ours, so ``pid`` is None, ``alive()``
-    says whether it answers, and ``signal`` asks the node to signal itself (``POST /kill``).
-    """
-
-    def __init__(self, node_id: str, host: str, admin_port: int, token: str | None = None, *,
-                 bootstrap_port: int = BOOTSTRAP_PORT) -> None:
-        self.node_id = node_id
-        self.host = host
-        self.admin_port = admin_port
-        self.bootstrap_port = bootstrap_port
-        self.pid: int | None = None
-        self._token = token
-        self._http: httpx.Client | None = None  # persistent: a new client per call costs 100+ ms CPU
-
-    @property
-    def http(self) -> httpx.Client:
-        if self._http is None:
-            self._http = httpx.Client()
-        return self._http
-
-    @property
-    def admin_url(self) -> str:
-        return http_url(self.host, self.admin_port)
-
-    def token(self) -> str:
-        if not self._token:
-            raise ProxyProcessError("no admin token: actions need the fleet's bearer token "
-                                    "(--token-env names the environment variable that holds it)")
-        return self._token
-
-    def get(self, path: str, timeout: float = 2.0) -> httpx.Response:
-        return self.http.get(self.admin_url + path, timeout=timeout)
-
-    def post(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> httpx.Response:
-        return self.http.post(self.admin_url + path, json=body or {}, timeout=timeout,
-                              headers={"Authorization": f"Bearer {self.token()}"})
-
-    def alive(self) -> bool:
-        try:
-            return self.get("/healthz", timeout=1.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def signal(self, name: str) -> None:
-        """The drill through the admin API: the node sends itself the signal."""
-        try:
-            r = self.post("/kill", {"signal": name})
-        except httpx.HTTPError as exc:
-            raise ProxyProcessError(f"node {self.node_id}: POST /kill failed: {exc!r}") from None
-        if r.status_code != 200:
-            raise ProxyProcessError(f"node {self.node_id}: POST /kill answered {r.status_code}: {r.text[:200]}")
-
-    def _not_ours(self) -> NoReturn:
-        raise ProxyProcessError(f"node {self.node_id} is not a process of a local state dir: "
-                                "start or stop it where it runs")
-
-    def start(self) -> "AdminEndpoint":
-        self._not_ours()
-
-    def stop(self) -> None:
-        self._not_ours()
-
-    def wait_ready(self, timeout: float = 60.0) -> None:
-        self._not_ours()
-
-
-class NodeProcess(AdminEndpoint):
-    """One ``kproxy run`` process."""
+class NodeProcess(NodeAdmin):
+    """One ``kproxy run`` process, and the client of its admin endpoint."""
 
     def __init__(self, config_path: str | os.PathLike[str], node_id: str, host: str, admin_port: int,
                  log_path: str | os.PathLike[str], pid: int | None = None) -> None:

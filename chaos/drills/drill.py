@@ -8,20 +8,20 @@ cancels the rest and the processes are always stopped (SIGTERM, then SIGKILL
 after ``stop_timeout_s``). Every wait is for a condition, with a deadline.
 
 1. Create a topic for the run; start one consumer (own group) and one
-   producer per (family, role) of ``clients`` (``python -m chaos.workloads``,
+   producer per (family, role) of ``clients`` (``python -m chaos.clients.workload``,
    one OS process each, trace in ``<out>/<run_id>/trace/<client_id>.jsonl``,
    output in ``<out>/<run_id>/logs/``).
 2. Warm-up: wait until every client has a success (ack / consume).
 3. ``repeat`` times: wait until the fleet is healthy and every client has a
    success since the previous drill; wait a seeded jitter; ``drill_start``;
-   inject the fault (``chaos.faults``: victim, recovery with a deadline,
+   inject the fault (``chaos.drills.faults``: victim, recovery with a deadline,
    fleet reaction, undo, node_back, healthy); ``drill_end``. The fleet
    watcher polls the fleet view every 50 ms inside each drill.
 4. Stop the producers (SIGTERM: they flush, so everything acked is written),
    wait until every consumer group has read every acked record (deadline
    ``drain_timeout_s``), stop the consumers.
 5. Validate the trace against the schema and summarize it
-   (``chaos.summary``); write ``summary.json`` and ``drill.json`` next to it.
+   (``chaos.measures``); write ``summary.json`` and ``drill.json`` next to it.
 
 One seed (``seed``; random and reported when not given) seeds a
 ``random.Random`` that makes every random choice: victims, jitter, the
@@ -52,10 +52,12 @@ from typing import Any
 import attrs
 import trio
 
-from chaos import faults as faults_mod
-from chaos import summary as summary_mod
-from chaos.trace import TraceWriter
-from chaos.workloads import FAMILIES, ROLES, command
+from chaos.drills import faults as faults_mod
+from chaos.drills import summary as drill_summary
+from chaos.drills.watcher import POLL_PERIOD_S, ReactionWatcher, in_thread
+from chaos.trace import TraceWriter, validate_trace
+from chaos.clients import FAMILIES, ROLES
+from chaos.clients.workload import command
 
 DEFAULT_CLIENTS = tuple((f, r) for f in FAMILIES for r in ("consumer", "producer"))
 TAIL_PERIOD_S = 0.1
@@ -112,7 +114,7 @@ class DrillConfig:
     restore_timeout_s: float = 90.0
     drain_timeout_s: float = 60.0
     stop_timeout_s: float = 45.0
-    poll_period_s: float = faults_mod.POLL_PERIOD_S
+    poll_period_s: float = POLL_PERIOD_S
     jitter_s: tuple[float, float] = (0.3, 1.0)
     python: str = sys.executable
     # Called (in a worker thread) once a killed node's identities have moved and every client
@@ -337,13 +339,7 @@ async def run_drill_async(config: DrillConfig, target: Target, progress: Progres
     log_dir.mkdir(parents=True, exist_ok=True)
     topic = f"drill-{run_id}"
     specs = client_specs(config.clients, run_id)
-    manifest = {
-        "run_id": run_id, "fault": config.fault, "repeat": config.repeat, "seed": seed, "topic": topic,
-        "bootstrap": target.bootstrap, "rate": config.rate, "with_fleet": target.fleet is not None,
-        "clients": [attrs.asdict(s) for s in specs],
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in attrs.asdict(config).items()
-                   if not callable(v)},
-    }
+    manifest = _manifest(config, target, run_id, seed, topic, specs)
     (run_dir / "drill.json").write_text(json.dumps(manifest, indent=2) + "\n")
     state: dict[str, Any] = {"phase": "starting", "run_id": run_id, "seed": seed, "fault": config.fault,
                              "repeat": config.repeat, "drill": 0, "steps": [], "errors": [], "tracebacks": []}
@@ -367,18 +363,9 @@ async def run_drill_async(config: DrillConfig, target: Target, progress: Progres
             if threading.current_thread() is threading.main_thread():
                 await root.start(_stop_on_signal)
             report("creating topic")
-            await faults_mod.in_thread(target.create_topic, topic, config.partitions, config.replication,
+            await in_thread(target.create_topic, topic, config.partitions, config.replication,
                                        timeout_s=120)
-            bootstrap = ",".join(target.bootstrap)
-            cmds = {
-                role: {
-                    s.client_id: command(s.role, s.family, bootstrap=bootstrap, topic=topic, trace_dir=trace_dir,
-                                         client_id=s.client_id, run_id=run_id, rate=config.rate, prefix=s.prefix,
-                                         group=s.group, python=config.python)
-                    for s in specs if s.role == role
-                }
-                for role in ROLES
-            }
+            cmds = _workload_commands(config, target, specs, topic, trace_dir, run_id)
             for role in ("consumer", "producer"):
                 if cmds[role]:
                     groups[role] = WorkloadGroup(role, cmds[role], log_dir, config.stop_timeout_s)
@@ -397,23 +384,15 @@ async def run_drill_async(config: DrillConfig, target: Target, progress: Progres
         with open(run_dir / "errors.log", "a") as fh:
             fh.write("\n".join(state["tracebacks"]))
     report("summarizing")
-    invalid = await trio.to_thread.run_sync(summary_mod.validate_trace, trace_dir)
+    invalid = await trio.to_thread.run_sync(validate_trace, trace_dir)
     result = await trio.to_thread.run_sync(
-        lambda: summary_mod.summarize(trace_dir, fault=config.fault, repeat=config.repeat))
+        lambda: drill_summary.summarize(trace_dir, fault=config.fault, repeat=config.repeat))
     workload_exits = {cid: rc for g in groups.values() for cid, rc in g.exits.items()}
     unclean = {cid: rc for cid, rc in workload_exits.items() if rc != 0}
     result.update({
-        "run_id": run_id,
-        "seed": seed,
-        "skipped": False,
-        "out_dir": str(run_dir),
-        "trace_dir": str(trace_dir),
-        "topic": topic,
-        "with_fleet": target.fleet is not None,
-        "clients_spec": [s.client_id for s in specs],
-        "steps": state["steps"],
-        "workload_exits": workload_exits,
-        "trace_errors": invalid,
+        "run_id": run_id, "seed": seed, "skipped": False, "out_dir": str(run_dir), "trace_dir": str(trace_dir),
+        "topic": topic, "with_fleet": target.fleet is not None, "clients_spec": [s.client_id for s in specs],
+        "steps": state["steps"], "workload_exits": workload_exits, "trace_errors": invalid,
         "errors": state["errors"] + ([f"workloads exited uncleanly: {unclean}"] if unclean else []),
         "duration_s": round(time.monotonic() - t0, 3),
     })
@@ -421,6 +400,33 @@ async def run_drill_async(config: DrillConfig, target: Target, progress: Progres
     (run_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
     report("done", passed=result["passed"])
     return result
+
+
+def _manifest(config: DrillConfig, target: Target, run_id: str, seed: int, topic: str,
+              specs: list[ClientSpec]) -> dict[str, Any]:
+    """What ``drill.json`` records about the run (the PIDs are added once the clients run)."""
+    return {
+        "run_id": run_id, "fault": config.fault, "repeat": config.repeat, "seed": seed, "topic": topic,
+        "bootstrap": target.bootstrap, "rate": config.rate, "with_fleet": target.fleet is not None,
+        "clients": [attrs.asdict(s) for s in specs],
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in attrs.asdict(config).items()
+                   if not callable(v)},
+    }
+
+
+def _workload_commands(config: DrillConfig, target: Target, specs: list[ClientSpec], topic: str, trace_dir: Path,
+                       run_id: str) -> dict[str, dict[str, list[str]]]:
+    """{role: {client_id: the command line of its workload process}}."""
+    bootstrap = ",".join(target.bootstrap)
+    return {
+        role: {
+            s.client_id: command(s.role, s.family, bootstrap=bootstrap, topic=topic, trace_dir=trace_dir,
+                                 client_id=s.client_id, run_id=run_id, rate=config.rate, prefix=s.prefix,
+                                 group=s.group, python=config.python)
+            for s in specs if s.role == role
+        }
+        for role in ROLES
+    }
 
 
 def describe_error(exc: BaseException, limit: int = 1500) -> str:
@@ -519,7 +525,7 @@ async def _drills(config: DrillConfig, target: Target, clients: list[str], rng: 
     for i in range(config.repeat):
         report(f"drill {i + 1}/{config.repeat}: steady", drill=i + 1)
         if target.fleet is not None:
-            await faults_mod.in_thread(target.fleet.wait_healthy, config.restore_timeout_s,
+            await in_thread(target.fleet.wait_healthy, config.restore_timeout_s,
                                        timeout_s=config.restore_timeout_s + 10)
         if not await _wait_condition(tail, lambda: not tail.lagging(clients, since_ns), config.recovery_timeout_s,
                                      report):
@@ -529,7 +535,7 @@ async def _drills(config: DrillConfig, target: Target, clients: list[str], rng: 
         async with trio.open_nursery() as nursery:
             watcher = None
             if target.fleet is not None:
-                watcher = faults_mod.FleetWatcher(target.fleet, fleet_trace, period_s=config.poll_period_s)
+                watcher = ReactionWatcher(target.fleet, fleet_trace, period_s=config.poll_period_s)
                 await nursery.start(watcher.run)
             ctx = faults_mod.FaultContext(
                 fault=config.fault, trace=fleet_trace, rng=rng, wait_recovered=wait_recovered,

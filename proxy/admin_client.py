@@ -1,141 +1,120 @@
-"""The embedded default: local Kafka + N proxy nodes on 127.0.0.11, .12, …
+"""The client of the nodes' admin endpoint (``proxy/admin.py``): views and actions over HTTP.
 
-``LocalFleet.up(state_dir)`` starts a local Kafka cluster (unless given an
-existing bootstrap), writes the fleet's config (one TOML for every node) and
-secrets (``fleet.env``, 0600: admin token and Raft password, generated), starts
-one ``kproxy run`` process per node, and waits until the fleet is healthy: a
-Raft leader, every broker identity assigned to a live node, every live node on
-the same epoch. Everything needed to find the processes again is in
-``STATE_DIR/fleet.json``; ``down`` stops exactly those processes, by PID.
+``NodeAdmin`` is one node's endpoint: ``GET`` views (``/status``, ``/healthz``) without a token,
+``POST`` actions (``/drain/ID``, ``/undrain/ID``, ``/kill``) with the fleet's bearer token.
+``ClusterAdmin`` is a fleet seen through those endpoints: discovered from any one node
+(its ``/status`` names every node's endpoint, ``admin_endpoints``), one picture of the
+fleet (``fleet_view``) and its health, and the actions sent to the leader. The operator
+commands (``kproxy cluster ... --admin URL``) use it as is; the local launcher
+(``chaos.testbed.fleet.LocalFleet``) adds the processes it started.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import time
 import urllib.parse
-from pathlib import Path
 from typing import Any
 
 import httpx
 
-from chaos.kafka_cluster import KafkaCluster, KafkaError
-from chaos.proxies import (ADMIN_PORT, BOOTSTRAP_PORT, AdminEndpoint, NodeProcess, ProxyProcessError, fleet_config,
-                           node_ip)
+from proxy.config import http_url
+
+DEFAULT_ADMIN_PORT = 9400
+DEFAULT_BOOTSTRAP_PORT = 9092
 
 
-class FleetError(RuntimeError):
-    pass
+class AdminError(RuntimeError):
+    """An admin endpoint did not answer, refused, or the fleet did not reach the state asked for."""
 
 
-class LocalFleet:
-    def __init__(self, state_dir: str | os.PathLike[str] | None, config_path: Path | None,
-                 nodes: list[NodeProcess] | list[AdminEndpoint], kafka: KafkaCluster | None,
-                 upstream: list[str]) -> None:
-        self.state_dir = Path(state_dir).resolve() if state_dir is not None else None
-        self.config_path = config_path
-        self.nodes = {n.node_id: n for n in nodes}
-        self.kafka = kafka
+class NodeAdmin:
+    """One node as its admin endpoint sees it: GET views, token-authorised POST actions.
+
+    No process of ours: ``pid`` is None, ``alive()`` says whether it answers, and ``signal``
+    asks the node to signal itself (``POST /kill``).
+    """
+
+    def __init__(self, node_id: str, host: str, admin_port: int, token: str | None = None, *,
+                 bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT) -> None:
+        self.node_id = node_id
+        self.host = host
+        self.admin_port = admin_port
+        self.bootstrap_port = bootstrap_port
+        self.pid: int | None = None
+        self._token = token
+        self._http: httpx.Client | None = None  # persistent: a new client per call costs 100+ ms CPU
+
+    @property
+    def http(self) -> httpx.Client:
+        if self._http is None:
+            self._http = httpx.Client()
+        return self._http
+
+    @property
+    def admin_url(self) -> str:
+        return http_url(self.host, self.admin_port)
+
+    def token(self) -> str:
+        if not self._token:
+            raise AdminError("no admin token: actions need the fleet's bearer token "
+                             "(--token-env names the environment variable that holds it)")
+        return self._token
+
+    def get(self, path: str, timeout: float = 2.0) -> httpx.Response:
+        return self.http.get(self.admin_url + path, timeout=timeout)
+
+    def post(self, path: str, body: dict[str, Any] | None = None, timeout: float = 10.0) -> httpx.Response:
+        return self.http.post(self.admin_url + path, json=body or {}, timeout=timeout,
+                              headers={"Authorization": f"Bearer {self.token()}"})
+
+    def alive(self) -> bool:
+        try:
+            return self.get("/healthz", timeout=1.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def signal(self, name: str) -> None:
+        """The drill through the admin API: the node sends itself the signal."""
+        try:
+            r = self.post("/kill", {"signal": name})
+        except httpx.HTTPError as exc:
+            raise AdminError(f"node {self.node_id}: POST /kill failed: {exc!r}") from None
+        if r.status_code != 200:
+            raise AdminError(f"node {self.node_id}: POST /kill answered {r.status_code}: {r.text[:200]}")
+
+
+class ClusterAdmin:
+    """A fleet through its nodes' admin endpoints: views, health, and actions."""
+
+    def __init__(self, nodes: list[NodeAdmin], upstream: list[str]) -> None:
+        self.nodes: dict[str, NodeAdmin] = {n.node_id: n for n in nodes}
         self.upstream = upstream
 
-    # ------------------------------------------------------------- set-up
     @classmethod
-    def up(cls, state_dir: str | os.PathLike[str], brokers: int = 3, proxies: int = 3,
-           kafka_bootstrap: str | list[str] | None = None, *, racks: list[str] | None = None,
-           timeout: float = 90.0, kafka_base_port: int | None = None, first_ip: int = 11,
-           extra_config: dict[str, Any] | None = None) -> "LocalFleet":
-        """Proxies get 127.0.0.<first_ip>, <first_ip+1>, … (default .11, .12, …)."""
-        state = Path(state_dir).resolve()
-        state.mkdir(parents=True, exist_ok=True)
-        if (state / "fleet.json").exists():
-            old = cls.load(state)
-            if any(n.alive() for n in old.nodes.values()):
-                raise FleetError(f"a fleet from {state} is still running: run `kproxy fleet down` first")
-        kafka = None
-        if kafka_bootstrap is None:
-            kwargs = {"base_port": kafka_base_port} if kafka_base_port else {}
-            kafka = KafkaCluster(state / "kafka", brokers, **kwargs)
-            kafka.start(timeout=timeout)
-            upstream = kafka.bootstrap
-        else:
-            upstream = kafka_bootstrap.split(",") if isinstance(kafka_bootstrap, str) else list(kafka_bootstrap)
-        cfg = fleet_config(state / "fleet.toml", upstream, proxies, racks=racks or [f"rack-{i}" for i in (1, 2, 3)],
-                           first_ip=first_ip, extra=extra_config)
-        nodes = [NodeProcess(cfg, f"p{i + 1}", node_ip(i, first_ip), ADMIN_PORT, state / "logs" / f"p{i + 1}.log")
-                 for i in range(proxies)]
-        fleet = cls(state, cfg, nodes, kafka, upstream)
-        try:
-            for n in nodes:
-                n.start()
-            fleet._save()
-            for n in nodes:
-                n.wait_ready(timeout)
-            fleet.wait_healthy(timeout)
-            fleet.wait_balanced(timeout)  # nodes that joined last get their identities a moment later
-        except BaseException:
-            fleet.down()
-            raise
-        return fleet
-
-    @classmethod
-    def load(cls, state_dir: str | os.PathLike[str]) -> "LocalFleet":
-        state = Path(state_dir).resolve()
-        path = state / "fleet.json"
-        if not path.exists():
-            raise FleetError(f"no local fleet in {state} (missing fleet.json): run `kproxy fleet up` first")
-        data = json.loads(path.read_text())
-        cfg = Path(data["config"])
-        nodes = [NodeProcess(cfg, n["id"], n["host"], n["admin_port"], n["log"], pid=n.get("pid"))
-                 for n in data["nodes"]]
-        kafka = KafkaCluster.load(data["kafka_state_dir"]) if data.get("kafka_state_dir") else None
-        return cls(state, cfg, nodes, kafka, data["upstream"])
-
-    @classmethod
-    def remote(cls, admin_url: str, token: str | None = None, timeout: float = 5.0) -> "LocalFleet":
+    def discover(cls, admin_url: str, token: str | None = None, timeout: float = 5.0) -> "ClusterAdmin":
         """A running fleet, wherever it runs, known by one node's admin endpoint: that node's
         ``/status`` names every node's endpoint (``admin_endpoints``). Views work without a
-        token; actions (drain, undrain, kill through ``POST /kill``) need the fleet's admin
-        token; starting, stopping and restarting processes need the local state dir."""
+        token; actions (drain, undrain, kill through ``POST /kill``) need the fleet's admin token."""
         parts = urllib.parse.urlsplit(admin_url if "://" in admin_url else f"http://{admin_url}")
         if not parts.hostname:
-            raise FleetError(f"{admin_url!r} is not an admin URL (http://HOST:PORT)")
-        first = AdminEndpoint("?", parts.hostname, parts.port or ADMIN_PORT, token)
+            raise AdminError(f"{admin_url!r} is not an admin URL (http://HOST:PORT)")
+        first = NodeAdmin("?", parts.hostname, parts.port or DEFAULT_ADMIN_PORT, token)
         try:
             r = first.get("/status", timeout=timeout)
             r.raise_for_status()
             status = r.json()
         except (httpx.HTTPError, ValueError) as exc:
-            raise FleetError(f"no fleet status from {first.admin_url}: {exc!r}") from None
+            raise AdminError(f"no fleet status from {first.admin_url}: {exc!r}") from None
         members = status.get("members") or {}
         endpoints = status.get("admin_endpoints") or {str(status.get("node")): first.admin_url}
         nodes = []
         for node_id, url in sorted(endpoints.items()):
             u = urllib.parse.urlsplit(url)
-            nodes.append(AdminEndpoint(node_id, u.hostname or "", u.port or ADMIN_PORT, token,
-                                       bootstrap_port=(members.get(node_id) or {}).get("bootstrap_port",
-                                                                                        BOOTSTRAP_PORT)))
+            bootstrap_port = (members.get(node_id) or {}).get("bootstrap_port", DEFAULT_BOOTSTRAP_PORT)
+            nodes.append(NodeAdmin(node_id, u.hostname or "", u.port or DEFAULT_ADMIN_PORT, token,
+                                   bootstrap_port=bootstrap_port))
         upstream = [f"{b['host']}:{b['port']}" for b in status.get("brokers") or [] if isinstance(b, dict)]
-        return cls(None, None, nodes, None, upstream)
-
-    def _save(self) -> None:
-        data = {
-            "config": str(self.config_path),
-            "upstream": self.upstream,
-            "kafka_state_dir": str(self.kafka.state_dir) if self.kafka else None,
-            "nodes": [{"id": n.node_id, "host": n.host, "admin_port": n.admin_port, "log": str(n.log_path),
-                       "pid": n.pid} for n in self.nodes.values()],
-        }
-        tmp = self.state_dir / "fleet.json.tmp"
-        tmp.write_text(json.dumps(data, indent=2))
-        tmp.replace(self.state_dir / "fleet.json")
-
-    def down(self) -> None:
-        for n in self.nodes.values():
-            n.stop()
-        if self.kafka is not None:
-            self.kafka.stop()
-        self._save()
+        return cls(nodes, upstream)
 
     # ---------------------------------------------------------- accessors
     @property
@@ -153,11 +132,11 @@ class LocalFleet:
     def node_address(self, node_id: str) -> str:
         return self._node(node_id).host
 
-    def _node(self, node_id: str) -> NodeProcess:
+    def _node(self, node_id: str) -> NodeAdmin:
         try:
             return self.nodes[node_id]
         except KeyError:
-            raise FleetError(f"no node {node_id!r} in this fleet (nodes: {self.node_ids})") from None
+            raise AdminError(f"no node {node_id!r} in this fleet (nodes: {self.node_ids})") from None
 
     # -------------------------------------------------------------- views
     def status(self, node_id: str | None = None, timeout: float = 1.0) -> dict[str, Any]:
@@ -171,7 +150,7 @@ class LocalFleet:
                 return r.json()
             except httpx.HTTPError as exc:
                 errors.append(f"{n.node_id}: {exc!r}")
-        raise FleetError("no node answered /status: " + "; ".join(errors))
+        raise AdminError("no node answered /status: " + "; ".join(errors))
 
     def statuses(self, timeout: float = 1.0) -> dict[str, dict[str, Any] | None]:
         out: dict[str, dict[str, Any] | None] = {}
@@ -259,7 +238,7 @@ class LocalFleet:
             if not problems:
                 return view
             time.sleep(0.1)
-        raise FleetError(f"fleet not healthy within {timeout}s: {problems}")
+        raise AdminError(f"fleet not healthy within {timeout}s: {problems}")
 
     def wait_balanced(self, timeout: float = 30.0) -> dict[str, Any]:
         """Until healthy and every live, non-draining node's load is within one of the others'."""
@@ -272,23 +251,11 @@ class LocalFleet:
             if not self.health_problems(view) and loads and max(loads.values()) - min(loads.values()) <= 1:
                 return view
             time.sleep(0.1)
-        raise FleetError(f"fleet not balanced within {timeout}s: identities per node {loads}")
+        raise AdminError(f"fleet not balanced within {timeout}s: identities per node {loads}")
 
     # ------------------------------------------------------------- actions
     def signal_node(self, node_id: str, sig: str) -> None:
-        node = self._node(node_id)
-        try:
-            node.signal(sig.upper())
-        except ProxyProcessError as exc:
-            raise FleetError(str(exc)) from None
-
-    def restart_node(self, node_id: str, timeout: float = 60.0) -> None:
-        node = self._node(node_id)
-        if node.alive():
-            node.stop()
-        node.start()
-        self._save()
-        node.wait_ready(timeout)
+        self._node(node_id).signal(sig.upper())
 
     def _action(self, path: str, via: str | None = None) -> dict[str, Any]:
         """POST an action to one node (default: the leader, else any node that answers)."""
@@ -307,7 +274,7 @@ class LocalFleet:
             errors.append(f"{node_id}: HTTP {r.status_code} {r.text[:200]}")
             if r.status_code in (400, 401, 403, 404):
                 break
-        raise FleetError(f"{path} failed: " + "; ".join(errors))
+        raise AdminError(f"{path} failed: " + "; ".join(errors))
 
     def drain(self, node_id: str) -> dict[str, Any]:
         self._node(node_id)
@@ -316,6 +283,3 @@ class LocalFleet:
     def undrain(self, node_id: str) -> dict[str, Any]:
         self._node(node_id)
         return self._action(f"/undrain/{node_id}")
-
-
-__all__ = ["LocalFleet", "FleetError", "KafkaError"]

@@ -1,6 +1,6 @@
 """Benchmark of the Metadata rewrite (splice of the brokers array).
 
-    python -m proxy.bench_rewrite [--version 12] [--brokers 6] [--repeat 200]
+    python -m chaos.bench.rewrite [--version 12] [--brokers 6] [--repeat 200]
 
 Prints microseconds per rewrite (median of N) for each partition count, for
 the rewrite itself (result as pieces, what the splitter emits) and with the
@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from kio.index import load_response_schema
 
-from proxy import _fixtures as fx
+from chaos.bench import frames as fx
 from proxy.codec import CorrelationTable
 from proxy.codec import ResponseSplitter
 from proxy.codec import encode_frame

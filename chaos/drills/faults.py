@@ -1,8 +1,8 @@
-"""Faults for drills, and the fleet watcher that records how the fleet reacts.
+"""Faults for drills: inject, wait for the effects, undo.
 
 Theory of operation
 -------------------
-A fault is an async function ``fault(ctx)`` run by ``chaos.drill`` between the
+A fault is an async function ``fault(ctx)`` run by ``chaos.drills.drill`` between the
 drill's ``drill_start`` and ``drill_end`` events. It
 
 1. picks its victim with ``ctx.rng`` (one seed derives every choice);
@@ -10,7 +10,7 @@ drill's ``drill_start`` and ``drill_end`` events. It
    nft rule or the admin call) and writes a ``fault`` event (fault, node);
 3. waits, with deadlines, until every client has a success after that instant
    (``ctx.wait_recovered``) and until the fleet has reacted (victim seen down,
-   a new assignment committed; ``FleetWatcher``);
+   a new assignment committed; ``ReactionWatcher``);
 4. undoes the fault (restart, SIGCONT, heal, undrain) and writes
    ``node_back`` once the victim serves again, then waits until the fleet is
    healthy.
@@ -25,7 +25,7 @@ kill               SIGKILL a random proxy node; restart it afterwards
 freeze             SIGSTOP a random proxy node; SIGCONT after recovery (at
                    least ``hold_s`` after the fault)
 partition          drop every packet from/to a random proxy's loopback address
-                   (nftables, ``chaos.netfault``); heal after recovery (at
+                   (nftables, ``chaos.drills.netfault``); heal after recovery (at
                    least ``hold_s``); SKIPPED where nft/CAP_NET_ADMIN is missing
 leader-kill        SIGKILL the Raft leader; restart it afterwards
 broker-kill        SIGKILL a random Kafka broker; restart it afterwards (works
@@ -49,299 +49,26 @@ none               the control (not in ``FAULTS``): a ``fault`` event naming a
                    drain's disruption is compared with)
 =================  ==========================================================
 
-``FleetWatcher`` polls the Raft leader's ``/status`` (``fleet.status(node)``)
-every ``poll_period_s`` (50 ms) while a drill runs and writes ``node_down``
-(the replicated state stopped counting a node as up; node, epoch) and
-``assignment_committed`` (the committed table changed; epoch, detail = the
-table as JSON). Timestamps: when the fleet itself made the change, taken from
-the polled node's own event log (``committed`` MarkDown, the command committed
-at the table's epoch, stamped
-with CLOCK_MONOTONIC, which every process on the machine shares) when the
-mapping checks out; otherwise when the poll saw it (one period plus one status
-request late at most).
-
+How the fleet reacts is recorded by ``chaos.drills.watcher.ReactionWatcher``.
 Every blocking fleet/Kafka call runs in a worker thread under a deadline.
 """
 
 from __future__ import annotations
 
-import http.client
-import json
-import math
 import random
 import signal
 import time
-import urllib.parse
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import attrs
 import trio
 
+from chaos.drills.fault_names import CONTROLS, FAULTS, FLEET_FAULTS, FaultFailed, FaultUnavailable
+from chaos.drills.watcher import VIEW_TIMEOUT_S, ReactionWatcher, in_thread
 from chaos.trace import TraceWriter
 
-CASCADES = ("kill-two", "freeze-two", "leader-kill-two")  # two nodes of three, one after the other
-FAULTS = ("kill", "freeze", "partition", "leader-kill", "broker-kill", "drain", "rolling-restart") + CASCADES
-CONTROLS = ("none",)  # no fault: a baseline
 CONTROL_HOLD_S = 0.3  # "none": about as long as a drain, its undrain and the health check take
-FLEET_FAULTS = frozenset(FAULTS) - {"broker-kill"}
-
-POLL_PERIOD_S = 0.05
-VIEW_TIMEOUT_S = 2.0
-
-
-class FaultUnavailable(RuntimeError):
-    """This fault cannot be injected here; the drill is SKIPPED (never faked)."""
-
-
-class FaultFailed(RuntimeError):
-    """Injecting or undoing the fault failed (message says which step)."""
-
-
-async def in_thread(fn: Callable[..., Any], *args: Any, timeout_s: float,
-                    limiter: trio.CapacityLimiter | None = None) -> Any:
-    """Run a blocking call in a worker thread; raise ``trio.TooSlowError`` after ``timeout_s``."""
-    with trio.fail_after(timeout_s):
-        return await trio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True, limiter=limiter)
-
-
-# --------------------------------------------------------------- watcher
-def node_up(node: dict[str, Any], view: dict[str, Any]) -> bool:
-    """Whether the *fleet* counts ``node`` as up: the replicated state's verdict when the view
-    carries it (``node["up"]``, or ``view["members"][id]["up"]``), else whether the node answers
-    its admin endpoint (``node["alive"]``)."""
-    if isinstance(node.get("up"), bool):
-        return node["up"]
-    member = (view.get("members") or {}).get(str(node.get("id")))
-    if isinstance(member, dict) and isinstance(member.get("up"), bool):
-        return member["up"]
-    return bool(node.get("alive"))
-
-
-def status_view(status: dict[str, Any]) -> dict[str, Any]:
-    """One node's ``/status`` as a view for ``FleetWatcher.observe``: the Raft-committed table
-    (``committed_assignment``, else ``assignment``), its epoch (``committed_epoch``, else
-    ``epoch``, which is the data path's and may lag the commit by a moment) and the members' up
-    flags."""
-    members = status.get("members") or {}
-    return {
-        "epoch": status.get("committed_epoch", status.get("epoch")),
-        "leader": status.get("leader"),
-        "assignment": status.get("committed_assignment", status.get("assignment")),
-        "members": members,
-        "nodes": [{"id": m, "up": info.get("up")} for m, info in members.items() if isinstance(info, dict)],
-    }
-
-
-class FleetWatcher:
-    """Polls the fleet every ``period_s``; writes node_down / assignment_committed; answers waits.
-
-    One request per poll: ``fleet.status(node)`` of the Raft leader (the node the last answer
-    named), or of the next node that answers; a node that did not answer within
-    ``STATUS_TIMEOUT_S`` is skipped for ``SKIP_S``, so a frozen or partitioned node does not slow
-    the polls down. From the answer: ``node_down`` when the replicated state stops counting a
-    member as up (``node_up``), ``assignment_committed`` when the committed table changes.
-    Fleets whose status has no ``members`` fall back to ``fleet.fleet_view()`` (``alive``).
-    """
-
-    STATUS_TIMEOUT_S = 0.5
-    SKIP_S = 1.0
-
-    def __init__(self, fleet: Any, trace: TraceWriter, *, period_s: float = POLL_PERIOD_S,
-                 max_duration_s: float = 3600.0) -> None:
-        self.fleet = fleet
-        self.trace = trace
-        self.period_s = period_s
-        self.max_polls = max(1, math.ceil(max_duration_s / period_s))
-        self.node_ids = [str(n) for n in getattr(fleet, "node_ids", [])]
-        self.up: dict[str, bool] = {}  # the fleet counts it as up (see ``node_up``)
-        self.assignment: dict[str, Any] | None = None
-        self.epoch: int | None = None
-        self.down_at: dict[str, list[int]] = {}
-        self.commits_ns: list[int] = []
-        self.polls = self.failures = 0
-        self._hint: str | None = None
-        self._skip_until: dict[str, float] = {}
-        self._use_view = False
-        self._last_sent_ns = 0
-        self._limiter = trio.CapacityLimiter(4)
-        self._changed = trio.Event()
-
-    async def view(self) -> dict[str, Any] | None:
-        if self._use_view or not self.node_ids:
-            try:
-                return await in_thread(self.fleet.fleet_view, timeout_s=VIEW_TIMEOUT_S, limiter=self._limiter)
-            except Exception:
-                self.failures += 1
-                return None
-        order = ([self._hint] if self._hint in self.node_ids else []) + [n for n in self.node_ids if n != self._hint]
-        for node in order:
-            if self._skip_until.get(node, 0.0) > time.monotonic():
-                continue
-            send_mono, send_wall_ns = time.monotonic(), time.time_ns()
-            try:
-                status = await in_thread(self.status, node, timeout_s=self.STATUS_TIMEOUT_S + 0.2,
-                                         limiter=self._limiter)
-            except Exception:
-                self.failures += 1
-                self._skip_until[node] = time.monotonic() + self.SKIP_S
-                continue
-            if not status.get("members"):
-                self._use_view = True  # not a fleet member's status: use the fleet view
-                return await self.view()
-            recv_mono, recv_wall_ns = time.monotonic(), time.time_ns()
-            leader = status.get("leader")
-            self._hint = str(leader) if leader is not None and str(leader) in self.node_ids else node
-            view = status_view(status)
-            view["_sent_wall_ns"] = send_wall_ns
-            # The node stamps its events with time.monotonic() (CLOCK_MONOTONIC, one clock for the
-            # machine). Trust the mapping only if its "now" falls inside our request.
-            now = status.get("now")
-            if isinstance(now, (int, float)) and send_mono - 0.005 <= now <= recv_mono + 0.005:
-                view["_events"] = [e for e in status.get("events") or [] if isinstance(e, dict)]
-                view["_clock"] = (recv_mono, recv_wall_ns)
-            return view
-        self._skip_until.clear()  # nobody answered: try everyone again next time
-        return None
-
-    def status(self, node: str) -> dict[str, Any]:
-        """``GET /status`` of one node (blocking).
-
-        Fast path: one plain ``http.client`` request on a fresh connection to the node's admin
-        URL when the fleet exposes it (``fleet.nodes[id].admin_url``, as ``LocalFleet`` does):
-        ~5 ms here, where ``fleet.status()`` (a new httpx client per call) costs 100-700 ms of
-        CPU on a busy 2-core machine and would both blur the timings and load the system under
-        test. Otherwise ``fleet.status(node)``.
-        """
-        url = None
-        nodes = getattr(self.fleet, "nodes", None)
-        if isinstance(nodes, dict) and node in nodes:
-            url = getattr(nodes[node], "admin_url", None)
-        if not isinstance(url, str):
-            return self.fleet.status(node)
-        parts = urllib.parse.urlsplit(url)
-        conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=self.STATUS_TIMEOUT_S)
-        try:
-            conn.request("GET", parts.path.rstrip("/") + "/status", headers={"Connection": "close"})
-            response = conn.getresponse()
-            body = response.read()
-        finally:
-            conn.close()
-        if response.status != 200:
-            raise FaultFailed(f"{node}: GET /status answered {response.status}")
-        return json.loads(body)
-
-    async def is_alive(self, node: str) -> bool:
-        """Whether ``node`` answers its admin endpoint now."""
-        try:
-            await in_thread(self.status, node, timeout_s=1.5, limiter=self._limiter)
-            return True
-        except Exception:
-            return False
-
-    async def wait_alive(self, node: str, alive: bool, timeout_s: float) -> bool:
-        """Wait until ``node`` answers (``alive``) or stops answering (not ``alive``)."""
-        with trio.move_on_after(timeout_s):
-            for _ in range(int(timeout_s / 0.1) + 2):
-                if await self.is_alive(node) == alive:
-                    return True
-                await trio.sleep(0.1)
-        return False
-
-    def _fleet_time(self, view: dict[str, Any], match: Callable[[dict[str, Any]], bool], now_ns: int,
-                    not_before_ns: int) -> tuple[int, dict[str, Any] | None]:
-        """When the fleet itself made the change: the latest matching event of the polled node,
-        mapped to wall time, if it lies between the previous poll and now; else the poll time."""
-        clock = view.get("_clock")
-        if clock is None:
-            return now_ns, None
-        recv_mono, recv_wall_ns = clock
-        for e in reversed(view.get("_events") or []):
-            t = e.get("t")
-            if isinstance(t, (int, float)) and match(e):
-                wall_ns = recv_wall_ns - int((recv_mono - t) * 1e9)
-                if not_before_ns <= wall_ns <= now_ns:
-                    return wall_ns, e
-                break
-        return now_ns, None
-
-    def observe(self, view: dict[str, Any], *, baseline: bool = False) -> None:
-        """Diff one view against the last one and write the events (pure apart from the trace).
-
-        Timestamps: the fleet's own event time when the polled node recorded the change
-        (``committed`` MarkDown naming the node; the ``committed`` event at the table's epoch, or
-        the latest ``committed`` Reassign), else the poll time.
-        """
-        now = time.time_ns()
-        not_before = self._last_sent_ns
-        epoch = view.get("epoch")
-        epoch = int(epoch) if isinstance(epoch, int) and not isinstance(epoch, bool) else None
-        for node in view.get("nodes") or []:
-            nid = str(node.get("id"))
-            up = node_up(node, view)
-            if not baseline and self.up.get(nid) and not up:
-                ts, e = self._fleet_time(view, lambda e, n=nid: e.get("event") == "committed" and e.get(
-                    "command") == "MarkDown" and n in (e.get("nodes") or []), now, not_before)
-                down_epoch = e["epoch"] if e is not None and isinstance(e.get("epoch"), int) else epoch
-                self.trace.fleet("node_down", node=nid, epoch=down_epoch, ts_ns=ts)
-                self.down_at.setdefault(nid, []).append(ts)
-            self.up[nid] = up
-        assignment = view.get("assignment")
-        if assignment is not None:
-            assignment = {str(k): v for k, v in assignment.items()}
-            if not baseline and self.assignment is not None and assignment != self.assignment:
-                # The command that produced this table: committed at the view's epoch (any command:
-                # a MarkDown or Drain may repair the table itself), else the latest Reassign.
-                ts, e = self._fleet_time(view, lambda e: e.get("event") == "committed" and (
-                    e.get("epoch") == epoch if epoch is not None else e.get("command") == "Reassign"),
-                    now, not_before)
-                if e is None and epoch is not None:
-                    ts, e = self._fleet_time(view, lambda e: e.get("event") == "committed" and e.get(
-                        "command") == "Reassign", now, not_before)
-                commit_epoch = e["epoch"] if e is not None and isinstance(e.get("epoch"), int) else epoch
-                self.trace.fleet("assignment_committed", epoch=commit_epoch, ts_ns=ts,
-                                 detail=json.dumps(assignment, sort_keys=True))
-                self.commits_ns.append(ts)
-            self.assignment = assignment
-        self.epoch = epoch if epoch is not None else self.epoch
-        sent = view.get("_sent_wall_ns")
-        self._last_sent_ns = sent if isinstance(sent, int) else now
-        self._changed.set()
-        self._changed = trio.Event()
-
-    async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        """Take a baseline, report started, then poll until cancelled (bounded in count)."""
-        view = None
-        for _ in range(max(1, int(10 / self.period_s))):
-            view = await self.view()
-            if view is not None:
-                break
-            await trio.sleep(self.period_s)
-        if view is None:
-            raise FaultFailed("the fleet did not answer for 10 s")
-        self.observe(view, baseline=True)
-        task_status.started()
-        for _ in range(self.max_polls):
-            await trio.sleep(self.period_s)
-            view = await self.view()
-            self.polls += 1
-            if view is not None:
-                self.observe(view)
-
-    async def wait_for(self, condition: Callable[[], bool], timeout_s: float) -> bool:
-        """Wait until ``condition()`` holds after some poll, at most ``timeout_s``."""
-        with trio.move_on_after(timeout_s):
-            for _ in range(self.max_polls):
-                if condition():
-                    return True
-                await self._changed.wait()
-        return condition()
-
-    def down_since(self, node: str, since_ns: int) -> bool:
-        return any(t >= since_ns for t in self.down_at.get(node, []))
-
-    def committed_since(self, since_ns: int) -> bool:
-        return any(t >= since_ns for t in self.commits_ns)
 
 
 # --------------------------------------------------------------- context
@@ -355,12 +82,12 @@ class FaultContext:
     wait_recovered: Callable[[int], Awaitable[bool]]
     fleet: Any | None = None
     kafka: Any | None = None
-    watcher: FleetWatcher | None = None
+    watcher: ReactionWatcher | None = None
     hold_s: float = 2.0
     react_timeout_s: float = 15.0
     restore_timeout_s: float = 90.0
     stop_timeout_s: float = 30.0
-    on_failover: Callable[[dict[str, Any]], None] | None = None  # see ``chaos.drill.DrillConfig``
+    on_failover: Callable[[dict[str, Any]], None] | None = None  # see ``chaos.drills.drill.DrillConfig``
     steps: list[dict[str, Any]] = attrs.Factory(list)
     errors: list[str] = attrs.Factory(list)  # problems that make the drill fail but do not stop it
 
@@ -427,7 +154,7 @@ def check(fault: str, *, fleet: Any | None, kafka: Any | None) -> None:
     if fault == "broker-kill" and kafka is None:
         raise FaultUnavailable("broker-kill needs the local Kafka cluster (the fleet runs against an external one)")
     if fault == "partition":
-        from chaos.netfault import partition_support
+        from chaos.drills.netfault import partition_support
 
         ok, why = partition_support()
         if not ok:
@@ -576,7 +303,7 @@ async def freeze(ctx: FaultContext) -> None:
 
 
 async def partition(ctx: FaultContext) -> None:
-    from chaos.netfault import Partition
+    from chaos.drills.netfault import Partition
 
     assert ctx.fleet is not None
     victim = ctx.rng.choice(await ctx.live_nodes())
@@ -605,7 +332,7 @@ async def _check_leaks(ctx: FaultContext, step: dict[str, Any], pid: int | None,
                        peers: set[str]) -> None:
     """Record the victim's sockets the address partition cannot cut; those reaching fleet peers
     make the partition a half partition: an error of the drill, with the reason."""
-    from chaos.netfault import foreign_connections
+    from chaos.drills.netfault import foreign_connections
 
     if pid is None:
         step["leaks"] = "unknown (no pid in the fleet view)"

@@ -34,13 +34,15 @@ from typing import Any
 import attrs
 import psutil
 
-REPO = Path(__file__).resolve().parent.parent
+from chaos.testbed import KAFKA_BASE_PORT
+
+REPO = Path(__file__).resolve().parents[2]
 KAFKA_DIR = REPO / "chaos" / "kafka"
 LIBS = KAFKA_DIR / "libs"
 POM = KAFKA_DIR / "pom.xml"
 
 DEFAULT_HOST = "127.0.0.1"
-DEFAULT_BASE_PORT = 19092  # broker i listens on base+i-1, its controller on base+100+i-1
+DEFAULT_BASE_PORT = KAFKA_BASE_PORT
 JVM_OPTS = (
     "-Xms128m",
     "-Xmx512m",
@@ -211,7 +213,7 @@ class KafkaCluster:
         relay_host: str | None = None,
     ) -> None:
         """``relay_host``: also give each broker a second listener, RELAY, on ``host:port+200``
-        advertised at ``relay_host:port+200``, for a relay in front of it (chaos.relay: the
+        advertised at ``relay_host:port+200``, for a relay in front of it (chaos.bench.relay: the
         bench's baseline hop). A client that bootstraps through the relay is then told the
         relay's addresses; the PLAINTEXT listener and its clients are unchanged."""
         if brokers < 1:

@@ -25,9 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from chaos.drill import DrillConfig, Target, parse_clients, run_drill
-from chaos.fleet import LocalFleet
-from chaos.summary import stats_ms
+from chaos.drills.drill import DrillConfig, Target, parse_clients, run_drill
+from chaos.testbed.fleet import LocalFleet
+from chaos.measures import stats_ms
 
 DEFAULT_CLIENTS = ("aiokafka:producer,confluent:producer,kafka-python:producer,java:producer,"
                    "aiokafka:consumer,confluent:consumer")

@@ -22,7 +22,7 @@ shared and noisy, so only ratios measured in one run mean anything):
 * the cost of rewriting a Metadata response at 100 … 50,000 partitions.
 
 With ``relay`` (the default when the bench starts its own Kafka), the fetch
-phases get a baseline arm: the same consumer through ``chaos.relay``, a
+phases get a baseline arm: the same consumer through ``chaos.bench.relay``, a
 Kafka-unaware splice(2) relay (blocking threads, 1 MiB pipes: the cheapest hop a
 user-space proxy can be; the brokers advertise it on a second listener). Its
 ratio to direct is the most any proxy with a TCP hop can reach on this machine;
@@ -50,9 +50,9 @@ from typing import Any, Callable
 
 import psutil
 
-from chaos.clients import kafka_tool
-from chaos.kafka_cluster import KafkaCluster, free_base_port, port_free
-from chaos.proxies import NodeProcess, fleet_config
+from chaos.clients.batch import kafka_tool
+from chaos.testbed.kafka_cluster import KafkaCluster, free_base_port, port_free
+from chaos.testbed.proxies import NodeProcess, fleet_config
 
 _PRODUCER_SUMMARY = re.compile(
     r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, ([\d.]+) ms max latency,"
@@ -251,7 +251,7 @@ def _alternate_arms(rounds: int, direct: Callable[[], dict], others: dict[str, C
 
 
 class RelayProcess:
-    """``python -m chaos.relay`` in front of the brokers' RELAY listeners; stopped by its PID."""
+    """``python -m chaos.bench.relay`` in front of the brokers' RELAY listeners; stopped by its PID."""
 
     def __init__(self, cluster: KafkaCluster, log_path: Path) -> None:
         assert cluster.relay_host is not None
@@ -266,7 +266,7 @@ class RelayProcess:
             if not port_free(*_split(listen)):
                 raise RuntimeError(f"relay address {listen} is taken")
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "chaos.relay", "--max-seconds", "14400",
+            self.proc = subprocess.Popen([sys.executable, "-m", "chaos.bench.relay", "--max-seconds", "14400",
                                           *[f"{a}={b}" for a, b in self.routes]],
                                          stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
@@ -301,7 +301,7 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
         partitions: tuple[int, ...] = (100, 1000, 10_000, 50_000), progress: Callable[[str], None] = print,
         proxy_ip: str = "127.0.0.31", fetch_max_version: int | None = None, splice_min_bytes: int | None = None,
         compare_splice: bool = False, relay: bool = True) -> dict[str, Any]:
-    from proxy.bench_rewrite import bench_metadata_rewrite
+    from chaos.bench.rewrite import bench_metadata_rewrite
 
     fetch_rounds = fetch_rounds or 2 * rounds
     load_before = [round(x, 2) for x in os.getloadavg()]
@@ -428,43 +428,9 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
         "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
     })
     if nosplice is not None:
-        # Produce is never spliced (requests are copied; its responses are small): the overall figure
-        # without splice takes the produce phases of the main proxy and the fetch phases of the other.
-        without = nosplice_phases.report()
-        fetch_cpu = {k: v for k, v in phases.cpu.items() if k.startswith("fetch_")}
-        fetch_gb = {k: v for k, v in phases.bytes.items() if k.startswith("fetch_")}
-        cpu_no = sum(v for k, v in phases.cpu.items() if not k.startswith("fetch_")) + sum(nosplice_phases.cpu.values())
-        gb_no = sum(v for k, v in phases.bytes.items() if not k.startswith("fetch_")) + \
-            sum(nosplice_phases.bytes.values())
-        results["nosplice"] = {
-            "fetch_ratio_by_batching": {
-                k: round(statistics.median(results[f"fetch_{k}_nosplice"]["proxy_mb_s"])
-                         / statistics.median(results[f"fetch_{k}"]["direct_mb_s"]), 3)
-                for k in ("small_batches", "1mb_batches")},
-            "proxy_cpu_s_per_gb_by_phase": without["proxy_cpu_s_per_gb_by_phase"],
-            "proxy_cpu_by_phase": without["proxy_cpu_by_phase"],
-            "proxy_cpu_s_per_gb": round(cpu_no / max(gb_no / 1e9, 1e-9), 3),
-            "splice_fetch_cpu_s_per_gb": round(sum(fetch_cpu.values()) / max(sum(fetch_gb.values()) / 1e9, 1e-9), 3),
-            "nosplice_fetch_cpu_s_per_gb": without["proxy_cpu_s_per_gb"],
-        }
+        results["nosplice"] = _nosplice_figures(results, phases, nosplice_phases)
     if relay:
-        # The baseline hop: the relay's throughput ratio is the most a proxy can reach here;
-        # fetch_vs_relay is kproxy's throughput over the relay's (medians, same runs).
-        med = statistics.median
-        results["relay"] = {
-            "fetch_ratio_by_batching": {
-                k: round(med(results[f"fetch_{k}_relay"]["relay_mb_s"]) / med(results[f"fetch_{k}"]["direct_mb_s"]), 3)
-                for k in ("small_batches", "1mb_batches")},
-            "fetch_vs_relay_by_batching": {
-                k: round(med(results[f"fetch_{k}"]["proxy_mb_s"]) / med(results[f"fetch_{k}_relay"]["relay_mb_s"]), 3)
-                for k in ("small_batches", "1mb_batches")},
-            # From machine_by_phase: CPU-s per GB of payload fetched, the same records for both.
-            "hop_cpu_s_per_gb_by_phase": {
-                phase: {arm: results["machine_by_phase"][phase][arm]["hop_cpu_s_per_gb"] for arm in ("proxied", "relay")}
-                for phase in ("fetch_small", "fetch_1mb")},
-        }
-        results["fetch_ratio_relay"] = min(results["relay"]["fetch_ratio_by_batching"].values())
-        results["fetch_vs_relay"] = min(results["relay"]["fetch_vs_relay_by_batching"].values())
+        results.update(_relay_figures(results))
     results["latency_added_ms"] = {q: round(results["latency_proxy_ms"][q] - results["latency_direct_ms"][q], 2)
                                    for q in ("p50", "p99")}
     results["targets"] = {
@@ -474,3 +440,47 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
         "metadata_rewrite_10k_us<=1000": rewrite_us.get(10_000, 0.0) <= 1000,
     }
     return results
+
+
+def _nosplice_figures(results: dict[str, Any], phases: _Phases, nosplice_phases: _Phases) -> dict[str, Any]:
+    """The figures of the proxy without splice (``compare_splice``). Produce is never spliced
+    (requests are copied; its responses are small): the overall figure without splice takes the
+    produce phases of the main proxy and the fetch phases of the other."""
+    without = nosplice_phases.report()
+    fetch_cpu = {k: v for k, v in phases.cpu.items() if k.startswith("fetch_")}
+    fetch_gb = {k: v for k, v in phases.bytes.items() if k.startswith("fetch_")}
+    cpu_no = sum(v for k, v in phases.cpu.items() if not k.startswith("fetch_")) + sum(nosplice_phases.cpu.values())
+    gb_no = sum(v for k, v in phases.bytes.items() if not k.startswith("fetch_")) + \
+        sum(nosplice_phases.bytes.values())
+    return {
+        "fetch_ratio_by_batching": {
+            k: round(statistics.median(results[f"fetch_{k}_nosplice"]["proxy_mb_s"])
+                     / statistics.median(results[f"fetch_{k}"]["direct_mb_s"]), 3)
+            for k in ("small_batches", "1mb_batches")},
+        "proxy_cpu_s_per_gb_by_phase": without["proxy_cpu_s_per_gb_by_phase"],
+        "proxy_cpu_by_phase": without["proxy_cpu_by_phase"],
+        "proxy_cpu_s_per_gb": round(cpu_no / max(gb_no / 1e9, 1e-9), 3),
+        "splice_fetch_cpu_s_per_gb": round(sum(fetch_cpu.values()) / max(sum(fetch_gb.values()) / 1e9, 1e-9), 3),
+        "nosplice_fetch_cpu_s_per_gb": without["proxy_cpu_s_per_gb"],
+    }
+
+
+def _relay_figures(results: dict[str, Any]) -> dict[str, Any]:
+    """The baseline hop: the relay's throughput ratio is the most a proxy can reach here;
+    fetch_vs_relay is kproxy's throughput over the relay's (medians, same runs)."""
+    med = statistics.median
+    relay = {
+        "fetch_ratio_by_batching": {
+            k: round(med(results[f"fetch_{k}_relay"]["relay_mb_s"]) / med(results[f"fetch_{k}"]["direct_mb_s"]), 3)
+            for k in ("small_batches", "1mb_batches")},
+        "fetch_vs_relay_by_batching": {
+            k: round(med(results[f"fetch_{k}"]["proxy_mb_s"]) / med(results[f"fetch_{k}_relay"]["relay_mb_s"]), 3)
+            for k in ("small_batches", "1mb_batches")},
+        # From machine_by_phase: CPU-s per GB of payload fetched, the same records for both.
+        "hop_cpu_s_per_gb_by_phase": {
+            phase: {arm: results["machine_by_phase"][phase][arm]["hop_cpu_s_per_gb"] for arm in ("proxied", "relay")}
+            for phase in ("fetch_small", "fetch_1mb")},
+    }
+    return {"relay": relay,
+            "fetch_ratio_relay": min(relay["fetch_ratio_by_batching"].values()),
+            "fetch_vs_relay": min(relay["fetch_vs_relay_by_batching"].values())}

@@ -1,0 +1,129 @@
+"""The kafka-python family: a batch produce/consume, a transaction, and the paced workload loops."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from chaos.clients.batch import Ack, Consumed, values
+from chaos.clients.paced import ConsumerTrace, Pacer, ProducerTrace, Stop, commit_with_retry, is_instance, record_value, wire_key
+from chaos.clients.settings import FLUSH_TIMEOUT_S, POLL_TIMEOUT_S, SETTINGS, TOPIC_WAIT_S
+
+
+# ------------------------------------------------------------------ batch
+def produce(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout: float) -> list[Ack]:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bs.split(","), acks="all", enable_idempotence=idempotent,
+                             request_timeout_ms=int(timeout * 1000))
+    try:
+        futs = [(i, v, producer.send(topic, key=str(i).encode(), value=v.encode()))
+                for i, v in enumerate(values(prefix, n))]
+        producer.flush(timeout)
+        out = []
+        for i, v, f in futs:
+            m = f.get(timeout=timeout)
+            out.append(Ack(str(i), v, m.partition, m.offset))
+        return out
+    finally:
+        producer.close(timeout=10)
+
+
+def consume(bs: str, topic: str, group: str, n: int, timeout: float) -> list[Consumed]:
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(topic, bootstrap_servers=bs.split(","), group_id=group,
+                             auto_offset_reset="earliest", enable_auto_commit=False)
+    out: list[Consumed] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < n and time.monotonic() < deadline:
+            batch = consumer.poll(timeout_ms=500)
+            for records in batch.values():
+                out.extend(Consumed(r.key.decode() if r.key else None, r.value.decode(), r.partition, r.offset)
+                           for r in records)
+            if batch:
+                consumer.commit()
+    finally:
+        consumer.close()
+    return out
+
+
+def transactional_produce(bs: str, topic: str, tid: str, n: int, prefix: int, commit: bool, timeout: float) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bs.split(","), transactional_id=tid, enable_idempotence=True)
+    try:
+        producer.init_transactions()
+        producer.begin_transaction()
+        for i, v in enumerate(values(prefix, n)):
+            producer.send(topic, key=str(i).encode(), value=v.encode())
+        if commit:
+            producer.commit_transaction()
+        else:
+            producer.abort_transaction()
+    finally:
+        producer.close(timeout=10)
+
+
+# ------------------------------------------------------------------ paced
+def produce_paced(a: argparse.Namespace, t: ProducerTrace, stop: Stop) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=a.bootstrap.split(","), client_id=a.client_id,
+                             **SETTINGS["kafka-python"]["producer"])
+    pacer = Pacer(a.rate)
+    try:
+        seq = 0
+        while not stop.requested():
+            delay = pacer.delay_s()
+            if delay > 0:
+                stop.wait(delay)
+                continue
+            t.send(seq)
+            try:
+                fut = producer.send(a.topic, key=wire_key(seq), value=record_value(a.prefix, seq).encode())
+            except Exception as exc:
+                t.error(f"{type(exc).__name__}: {exc}", seq)
+            else:
+                # Callbacks run on the client's I/O thread; the TraceWriter is thread-safe.
+                fut.add_callback(lambda md, s=seq: t.ack(s, md.partition, md.offset))
+                fut.add_errback(lambda exc, s=seq: t.error(f"{type(exc).__name__}: {exc}", s))
+            seq += 1
+            pacer.advance()
+        producer.flush(FLUSH_TIMEOUT_S)
+    finally:
+        producer.close(timeout=FLUSH_TIMEOUT_S)
+
+
+def consume_paced(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> None:
+    from kafka import KafkaConsumer
+    from kafka import errors
+    from kafka.structs import OffsetAndMetadata
+
+    rebalancing = is_instance(errors.CommitFailedError, errors.RebalanceInProgressError,
+                               errors.IllegalGenerationError, errors.UnknownMemberIdError)
+
+    consumer = KafkaConsumer(bootstrap_servers=a.bootstrap.split(","), group_id=a.group,
+                             client_id=a.client_id, **SETTINGS["kafka-python"]["consumer"])
+    try:
+        # Subscribe once the topic's partitions are known. kafka-python (3.0) that joins
+        # its group while its metadata lacks a just-created topic gets no partitions
+        # ("No partition metadata for topic") and was seen never to rebalance after.
+        deadline = time.monotonic() + TOPIC_WAIT_S
+        while not consumer.partitions_for_topic(a.topic) and not stop.requested():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"topic {a.topic} has no partitions after {TOPIC_WAIT_S:.0f} s")
+            time.sleep(0.1)
+        consumer.subscribe([a.topic])
+        while not stop.requested():
+            batch = consumer.poll(timeout_ms=int(POLL_TIMEOUT_S * 1000))
+            offsets = {}
+            for tp, records in batch.items():
+                for r in records:
+                    t.consume(r.value, r.partition, r.offset)
+                offsets[tp] = OffsetAndMetadata(records[-1].offset + 1, "", -1)
+            if offsets:
+                commit_with_retry(lambda: consumer.commit(offsets), t, rebalancing)
+    finally:
+        consumer.close()

@@ -1,0 +1,17 @@
+"""The names of the drill faults and their two errors (``chaos.drills.faults`` injects them):
+a light module the CLI reads for its options without importing the drill machinery."""
+
+from __future__ import annotations
+
+CASCADES = ("kill-two", "freeze-two", "leader-kill-two")  # two nodes of three, one after the other
+FAULTS = ("kill", "freeze", "partition", "leader-kill", "broker-kill", "drain", "rolling-restart") + CASCADES
+CONTROLS = ("none",)  # no fault: a baseline
+FLEET_FAULTS = frozenset(FAULTS) - {"broker-kill"}
+
+
+class FaultUnavailable(RuntimeError):
+    """This fault cannot be injected here; the drill is SKIPPED (never faked)."""
+
+
+class FaultFailed(RuntimeError):
+    """Injecting or undoing the fault failed (message says which step)."""

@@ -144,14 +144,16 @@ class FleetRaft(SyncObj):
         node = self._getLeader()
         return getattr(node, "address", None) if node else None
 
-    def send_keepalive(self) -> None:
+    def send_keepalive(self) -> int:
         """A no-op message on every Raft link (see ``control.SendKeepalives``);
-        the receiver ignores unknown message types."""
+        the receiver ignores unknown message types. Returns the links written to."""
         transport = getattr(self, "_SyncObj__transport", None)
         if transport is None:
-            return
-        for node in self.otherNodes:
+            return 0
+        nodes = list(self.otherNodes)
+        for node in nodes:
             transport.send(node, {"type": "kproxy_keepalive"})
+        return len(nodes)
 
     def hasten_election(self, within_s: float) -> None:
         """Start an election within ``within_s`` unless the current deadline is

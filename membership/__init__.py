@@ -20,15 +20,21 @@ proxy_id`` with an epoch that grows by one on every accepted change.
   move identities at once. A new leader simply re-plans from the log.
 * ``heartbeat`` — UDP heartbeats: process death seen in ~0.1 s (the dead
   port refuses), a frozen or partitioned node after ``suspect_timeout``.
-* ``effective`` — what the data path advertises: the committed table, or,
-  after ``quorum_lease`` without quorum, the last committed table with the
-  identities of unreachable owners taken over by reachable nodes.
+* ``effective`` / ``serving`` — what the data path serves, as one
+  ``ServingMap``: the committed table, or, after ``quorum_lease`` without
+  quorum, the last committed table with the identities of unreachable owners
+  taken over by reachable nodes; advertised addresses, vacant nodes and
+  stand-in duties.
+* ``control.MemberCore`` — one member's decisions, sans-IO: join and plan
+  gating, suspicion, the quorum lease, election hastening, the serving map.
 * ``raft`` — the thin ``SyncObj`` subclass (one ``@replicated`` method per
   command) and the tuned pysyncobj configuration.
-* ``node.FleetMember`` — the interface the data path uses; ``standalone``
-  runs one member driven by JSON lines.
+* ``node.FleetMember`` — the interface the data path uses, a thin shell that
+  executes ``MemberCore``'s actions; ``status.MemberStatus`` its typed status;
+  ``standalone`` runs one member driven by JSON lines.
 
-The pure modules (state, commands, planner, effective) import neither
-pysyncobj nor sockets; the seeded simulation in
-``tests/unit/test_simulation.py`` runs them under faults.
+The pure modules (state, commands, planner, effective, serving, control,
+status, sim) import neither pysyncobj nor sockets; ``sim`` is the seeded
+fleet simulator (``python -m membership.sim --seed N``) that runs them under
+faults.
 """

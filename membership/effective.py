@@ -1,4 +1,4 @@
-"""The table a node's data path actually uses: the *effective* assignment.
+"""The owners a node's data path actually uses (the *effective* table) and its :class:`ServingMap`.
 
 Normal mode (quorum, or quorum lost for less than the lease): the committed
 table as every replica derives it (``FleetState.repaired()``), so every node
@@ -25,45 +25,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-import attrs
-
+from membership.serving import ServingMap, addresses_for, stand_in_duties
 from membership.state import FleetState
-from topology import AddressMap, Broker, BrokerId, ProxyId, ProxyNode, assign, freeze_owners
+from topology import Broker, BrokerId, ProxyId, ProxyNode, assign
 
 
-@attrs.frozen(slots=True)
-class EffectiveAssignment:
-    """One immutable snapshot of the effective table.
+#: The former name of :class:`ServingMap`, kept while proxy/fleet.py still imports it.
+EffectiveAssignment = ServingMap
 
-    ``epoch`` is the committed epoch it derives from; ``version`` increases on
-    every change of this node's effective table (including changes that keep
-    the epoch, such as entering degraded mode): use it, not ``epoch``, to tell
-    snapshots apart. ``changed_at`` is the ``time.monotonic()`` of the change.
-    """
 
-    epoch: int
-    owners: tuple[tuple[BrokerId, ProxyId], ...] = attrs.field(converter=freeze_owners)
-    addresses: tuple[tuple[BrokerId, tuple[str, int]], ...] = ()
-    degraded: bool = False
-    version: int = 0
-    changed_at: float = 0.0
-    error: str | None = None
-
-    def owner_map(self) -> dict[BrokerId, ProxyId]:
-        return dict(self.owners)
-
-    def address_map(self) -> dict[BrokerId, tuple[str, int]]:
-        return dict(self.addresses)
-
-    def same_table(self, other: EffectiveAssignment | None) -> bool:
-        return (
-            other is not None
-            and self.epoch == other.epoch
-            and self.owners == other.owners
-            and self.addresses == other.addresses
-            and self.degraded == other.degraded
-            and self.error == other.error
-        )
+def committed_vacant(state: FleetState) -> frozenset[ProxyId]:
+    """Members that are down or draining in the committed view."""
+    return frozenset(p for p in state.member_ids() if p not in state.up or p in state.draining)
 
 
 def effective_owners(
@@ -97,7 +70,7 @@ def effective_owners(
     return dict(sorted(base.items()))
 
 
-def build_effective(
+def build_serving_map(
     state: FleetState,
     *,
     self_id: ProxyId,
@@ -105,9 +78,18 @@ def build_effective(
     reachable: Iterable[ProxyId],
     degraded: bool,
     local_brokers: Iterable[Broker] = (),
+    vacant: Iterable[ProxyId] | None = None,
     version: int = 0,
     changed_at: float = 0.0,
-) -> EffectiveAssignment:
+) -> ServingMap:
+    """This node's :class:`ServingMap` (see the module doc for the owners).
+
+    ``vacant`` defaults to the committed view's (:func:`committed_vacant`).
+    Stand-in duties follow the committed view only: in degraded mode a node
+    cannot tell a dead peer from a partitioned one, so the caller passes the
+    vacant set of its last map that was not degraded (:class:`MemberCore` does).
+    A draining node stands in for nobody.
+    """
     nodes = dict(configured)
     nodes.update(state.member_map())
     local = tuple(local_brokers)
@@ -120,22 +102,16 @@ def build_effective(
         local_brokers=local,
     )
     all_ids = state.broker_ids() | {b.id for b in local}
-    error = None
-    try:
-        addresses = AddressMap.build(owners, nodes.values(), all_ids).entries
-    except ValueError as exc:  # AddressConflict included: report it, serve what we can
-        error = str(exc)
-        entries = []
-        for b, p in owners.items():
-            try:
-                entries.append((b, nodes[p].address_for(b)))
-            except (KeyError, ValueError):
-                continue
-        addresses = tuple(entries)
-    return EffectiveAssignment(
+    addresses, error = addresses_for(owners, nodes.values(), all_ids)
+    gone = committed_vacant(state) if vacant is None else frozenset(vacant)
+    return ServingMap(
         epoch=state.epoch,
         owners=owners,
         addresses=addresses,
+        nodes=nodes.values(),
+        vacant=gone,
+        draining=state.draining,
+        stand_ins=stand_in_duties(owners, nodes.values(), gone, idle=state.draining),
         degraded=degraded,
         version=version,
         changed_at=changed_at,

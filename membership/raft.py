@@ -13,6 +13,12 @@ order, on the pysyncobj tick thread). Pitfalls handled here (DESIGN §9):
 * static membership only (``dynamicMembershipChange=False``): adding an
   unreachable node would silently grow the quorum.
 
+Every access to pysyncobj's private, name-mangled internals lives in
+:class:`FleetRaft` (``role``, ``leader_address``, ``send_keepalive``,
+``hasten_election``, ``subscribe_fd``) and in :func:`bind_outgoing`; they are
+written against pysyncobj ``PINNED_PYSYNCOBJ`` and checked against a real
+``SyncObj`` by tests/integration/test_raft_private.py.
+
 ``state`` is a class attribute holding the empty state; the first applied
 command sets the instance attribute, which pysyncobj then includes in its
 snapshots (it serialises instance attributes created after ``__init__``).
@@ -23,7 +29,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from collections.abc import Callable
+
 from pysyncobj import SyncObj, SyncObjConf, replicated
+from pysyncobj.monotonic import monotonic as raft_clock
+from pysyncobj.poller import POLL_EVENT_TYPE
 
 from membership.commands import (
     REJECTED,
@@ -40,6 +50,10 @@ from membership.config import MemberConfig
 from membership.state import FleetState
 
 log = logging.getLogger(__name__)
+
+#: The pysyncobj version the private accessors below were written and tested against.
+PINNED_PYSYNCOBJ = "0.3.17"
+_ROLES = {0: "follower", 1: "candidate", 2: "leader"}
 
 
 def syncobj_conf(config: MemberConfig) -> SyncObjConf:
@@ -116,6 +130,52 @@ class FleetRaft(SyncObj):
     @replicated
     def reassign(self, command: Reassign) -> Result:
         return self._apply(command, Reassign)
+
+    # ---- pysyncobj internals, in one place ----------------------------------------------------
+
+    def role(self) -> str:
+        """"follower", "candidate" or "leader" (pysyncobj has no public accessor)."""
+        if self._isLeader():
+            return "leader"
+        return _ROLES.get(getattr(self, "_SyncObj__raftState", None), "follower")
+
+    def leader_address(self) -> str | None:
+        """The Raft address of the last known leader, or None."""
+        node = self._getLeader()
+        return getattr(node, "address", None) if node else None
+
+    def send_keepalive(self) -> int:
+        """A no-op message on every Raft link (see ``control.SendKeepalives``);
+        the receiver ignores unknown message types. Returns the links written to."""
+        transport = getattr(self, "_SyncObj__transport", None)
+        if transport is None:
+            return 0
+        nodes = list(self.otherNodes)
+        for node in nodes:
+            transport.send(node, {"type": "kproxy_keepalive"})
+        return len(nodes)
+
+    def hasten_election(self, within_s: float) -> None:
+        """Start an election within ``within_s`` unless the current deadline is
+        earlier. Only ever makes it earlier; call on the tick thread, which
+        owns it. pysyncobj's clock is CLOCK_MONOTONIC_RAW, not time.monotonic()."""
+        attr = "_SyncObj__raftElectionDeadline"
+        current = getattr(self, attr, None)
+        if current is None:
+            return
+        soon = raft_clock() + within_s
+        if soon < current:
+            setattr(self, attr, soon)
+
+    def election_deadline_in(self) -> float | None:
+        """Seconds until pysyncobj's election deadline (for tests and status)."""
+        current = getattr(self, "_SyncObj__raftElectionDeadline", None)
+        return None if current is None else current - raft_clock()
+
+    def subscribe_fd(self, fd: int, callback: Callable[[int, int], None]) -> None:
+        """Watch ``fd`` for reads and errors in pysyncobj's own poller: the
+        callback runs on the tick thread, so no extra thread is needed."""
+        self._poller.subscribe(fd, callback, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
 
     def submit(self, command: object, callback) -> None:
         """Propose ``command`` through the replicated method of its type."""

@@ -105,15 +105,23 @@ def stand_in_duties(
     owners: Mapping[BrokerId, ProxyId],
     nodes: Iterable[ProxyNode],
     vacant: Iterable[ProxyId],
+    idle: Iterable[ProxyId] | None = None,
 ) -> tuple[StandIn, ...]:
-    """Every node that is not vacant stands in on each vacant node's bootstrap
-    port, and on the vacant node's port of every identity it owns itself."""
+    """Every node that is not ``idle`` (default: not vacant) stands in on each
+    other vacant node's bootstrap port, and on that node's port of every
+    identity it owns itself. A draining node is idle: it is sending its
+    clients away. A node that is down in the committed view but alive (it is
+    about to be marked up) is vacant, yet not idle when ``idle`` is the
+    draining set."""
     by_id = {n.id: n for n in nodes}
     gone = sorted(p for p in set(vacant) if p in by_id)
+    resting = set(gone) if idle is None else set(idle)
     duties = []
-    for me in sorted(by_id.keys() - set(gone)):
+    for me in sorted(by_id.keys() - resting):
         mine = sorted(b for b, p in owners.items() if p == me)
         for v in gone:
+            if v == me:
+                continue
             host = by_id[v].host
             duties.append(StandIn(me, v, BOOTSTRAP, host, by_id[v].bootstrap_port))
             for b in mine:

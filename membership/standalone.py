@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from membership.config import ConfigError, MemberConfig
-from membership.effective import EffectiveAssignment
+from membership.serving import ServingMap
 from membership.node import FleetMember
 from topology import Broker
 
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"start failed: {exc}", file=sys.stderr)
         return 1
 
-    def on_change(eff: EffectiveAssignment) -> None:
+    def on_change(eff: ServingMap) -> None:
         emit(
             {
                 "type": "effective",
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             if op == "stop":
                 break
             if op == "status":
-                emit({"type": "status", "id": msg.get("id"), "status": member.status()})
+                emit({"type": "status", "id": msg.get("id"), "status": member.status().to_json()})
             elif op == "brokers":
                 member.set_brokers(parse_brokers(msg.get("brokers", [])))
                 emit({"type": "result", "id": msg.get("id"), "op": op, "ok": True})

@@ -105,4 +105,4 @@ class FleetLink:
             log.info("moved clients away", extra={"epoch": snapshot.epoch, "connections": drained})
 
     def status(self) -> dict[str, Any]:
-        return self.member.status()
+        return self.member.status().to_json()

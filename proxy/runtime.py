@@ -134,10 +134,10 @@ class NodeRuntime:
         member = self.link.member
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and not self._stopped.is_set():
-            if self.node_id not in member.committed_state().draining and member.status()["leader"]:
+            if self.node_id not in member.committed_state().draining and member.status().view.leader:
                 if member.committed_state().epoch > 0:
                     return
-            elif member.status()["leader"]:
+            elif member.status().view.leader:
                 try:
                     member.undrain(self.node_id, timeout=5)
                     return
@@ -147,7 +147,7 @@ class NodeRuntime:
 
     async def graceful_drain(self) -> None:
         """SIGTERM: publish a map without this node first, then move its clients (DESIGN §4)."""
-        if self.link is not None and self.link.member.status()["has_quorum"]:
+        if self.link is not None and self.link.member.status().view.has_quorum:
             try:
                 await asyncio.get_running_loop().run_in_executor(
                     None, lambda: self.link.member.drain(self.node_id, timeout=GRACEFUL_DRAIN_S))

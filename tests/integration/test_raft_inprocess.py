@@ -84,7 +84,7 @@ def test_interface(members):
     for b, p in owners.items():
         assert addrs[b] == (HOSTS[p], 9092 + 1 + b)
 
-    st = members["b"].status()
+    st = members["b"].status().to_json()
     for key in ("node", "role", "term", "leader", "has_quorum", "epoch", "assignment", "peers", "members",
                 "draining", "degraded", "effective"):
         assert key in st

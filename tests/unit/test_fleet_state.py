@@ -21,7 +21,8 @@ from membership.commands import (
     SetBrokers,
     Undrain,
 )
-from membership.effective import QuorumLease, build_effective, committed_is_sane, effective_owners
+from membership.effective import QuorumLease, build_serving_map, committed_is_sane, effective_owners
+from membership.serving import BOOTSTRAP, StandIn
 from membership.planner import Planner
 from membership.state import FleetState
 from topology import Broker, PortScheme, ProxyNode, is_balanced
@@ -345,9 +346,9 @@ def test_effective_degraded_takes_over_unreachable_owners():
     assert effective_owners(s, self_id="p2", nodes=nodes, reachable={"p2"}, degraded=False) == s.owner_map()
 
 
-def test_build_effective_addresses():
+def test_build_serving_map_addresses():
     s = fleet3()
-    eff = build_effective(s, self_id="p1", configured={}, reachable={"p1"}, degraded=False)
+    eff = build_serving_map(s, self_id="p1", configured={}, reachable={"p1"}, degraded=False)
     assert eff.epoch == 5 and eff.error is None
     assert eff.address_map()[3] == ("127.0.0.13", 19003)
     assert eff.address_map()[4] == ("127.0.0.11", 19004)
@@ -374,3 +375,37 @@ def test_quorum_lease_hysteresis():
     assert lease.update(6.2, has_quorum=False, committed_sane=True) is True
     # Back with a sane table: normal at once.
     assert lease.update(6.3, has_quorum=True, committed_sane=True) is False
+
+
+def test_serving_map_stand_ins_follow_the_committed_view():
+    """p3 down, p2 draining: p1 (the only one serving) stands in for both on their
+    bootstrap ports and on their ports of every identity p1 owns; p2 stands in for nobody."""
+    s = fleet3()
+    s, r = s.apply(Drain("p2"))
+    assert r.outcome == APPLIED
+    s, r = s.apply(MarkDown({"p3"}, s.epoch, {b: "p1" for b in range(1, 7)}))
+    assert r.outcome == APPLIED
+    m = build_serving_map(s, self_id="p1", configured={}, reachable={"p1", "p2"}, degraded=False)
+    assert m.vacant == {"p2", "p3"} and m.draining == {"p2"}
+    assert m.stand_ins_of("p2") == ()
+    mine = m.stand_ins_of("p1")
+    assert StandIn("p1", "p3", BOOTSTRAP, "127.0.0.13", 9092) in mine
+    assert StandIn("p1", "p2", 4, "127.0.0.12", 19004) in mine
+    assert len(mine) == 2 * (1 + 6)
+    assert {n.id for n in m.nodes} == {"p1", "p2", "p3"}
+
+
+def test_serving_map_down_but_alive_node_still_stands_in_for_others():
+    s = fleet3()
+    s, r = s.apply(MarkDown({"p2", "p3"}, s.epoch, {b: "p1" for b in range(1, 7)}))
+    assert r.outcome == APPLIED
+    m = build_serving_map(s, self_id="p2", configured={}, reachable={"p1", "p2"}, degraded=False)
+    assert {(x.vacant, x.listener) for x in m.stand_ins_of("p2")} == {("p3", BOOTSTRAP)}
+    assert all(x.vacant != x.node for x in m.stand_ins)
+
+
+def test_serving_map_vacant_can_be_given():
+    s = fleet3()
+    m = build_serving_map(s, self_id="p1", configured={}, reachable={"p1"}, degraded=True, vacant={"p2"})
+    assert m.vacant == {"p2"} and m.degraded
+    assert {x.vacant for x in m.stand_ins} == {"p2"}

@@ -1,0 +1,337 @@
+"""``MemberCore``: one fleet member's decisions, sans-IO.
+
+The core takes events and time and returns actions; it reads no clock, draws
+no random number, starts no thread and touches no socket. ``FleetMember``
+(membership/node.py) feeds it from pysyncobj and the heartbeat sockets and
+executes what it returns; ``membership.sim`` feeds it simulated time and a
+simulated Raft. Inputs, on every tick: ``now``, the live set from heartbeats,
+whether every peer has been heard once, and a :class:`RaftView` (role, leader,
+term, committed state); besides, the local brokers (:meth:`set_brokers`) and
+the results of the commands it asked to submit (:meth:`join_done`,
+:meth:`plan_done`). Actions, in the order the shell must execute them:
+:class:`SendKeepalives`, :class:`Emit`, :class:`HastenElection`,
+:class:`SubmitJoin`, :class:`SubmitPlan`, :class:`NewState`, :class:`Publish`.
+
+What it decides:
+
+* **suspicion**: peer up/down events from the heartbeat view;
+* **the no-quorum lease** (:class:`QuorumLease`): quorum means a majority of
+  the configured members live *and* a leader we can hear;
+* **election hastening**: the leader's heartbeat is gone, so ask for an early
+  election, survivors in id order (:meth:`MemberCore._hasten`);
+* **Raft link keepalives** every ``connection_timeout / 4`` (see
+  :class:`SendKeepalives`);
+* **join gating**: propose our own ``Join`` until the committed state holds it;
+* **plan gating**: on the leader only, after warm-up, one command in flight
+  with a deadline, re-planned at least every ``PLAN_INTERVAL_S``;
+* **the serving map**: rebuilt when its inputs change, published with a new
+  ``version`` when what it serves changed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from typing import Any
+
+import attrs
+
+from membership.commands import APPLIED, REJECTED, Command, Join, Result
+from membership.config import MemberConfig
+from membership.effective import QuorumLease, build_serving_map, committed_is_sane, committed_vacant
+from membership.planner import Planner
+from membership.serving import ServingMap
+from membership.state import FleetState
+from topology import Broker, ProxyId
+
+# The leader re-plans at least this often even when nothing changed (rebalance timers).
+PLAN_INTERVAL_S = 0.1
+# A failed Join is retried after this long (a successful one: at the next tick, if still needed).
+JOIN_RETRY_S = 0.2
+
+
+@attrs.frozen(slots=True)
+class RaftView:
+    """What the local Raft replica says this tick."""
+
+    role: str = "follower"  # "follower", "candidate" or "leader"
+    leader: ProxyId | None = None
+    term: int = 0
+    state: FleetState = FleetState()
+
+
+@attrs.frozen(slots=True)
+class MemberView:
+    """The member's own view, as ``status()`` reports it."""
+
+    role: str = "follower"
+    term: int = 0
+    leader: ProxyId | None = None
+    has_quorum: bool = False
+    degraded: bool = False
+
+
+# ---- actions ----------------------------------------------------------------------------------
+
+
+@attrs.frozen(slots=True)
+class SendKeepalives:
+    """Send a no-op message on every Raft link.
+
+    pysyncobj checks a connection's timeout when it *sends*: a link that
+    carried nothing for connection_timeout (follower to follower, all the
+    time in a stable cluster) is dropped by the first message sent on it,
+    and that first message is a candidate's vote request when the leader
+    dies. Measured: the vote was lost, both followers became candidates and
+    the election took a second round (~0.5 s instead of ~0.1 s). Unknown
+    message types are ignored by the receiver."""
+
+
+@attrs.frozen(slots=True)
+class HastenElection:
+    """Start an election ``within_s`` from now unless Raft's own deadline is earlier."""
+
+    within_s: float
+
+
+@attrs.frozen(slots=True)
+class SubmitJoin:
+    """Propose ``command``; report its outcome with :meth:`MemberCore.join_done`."""
+
+    token: int
+    command: Join
+
+
+@attrs.frozen(slots=True)
+class SubmitPlan:
+    """Propose the leader's ``command``; report with :meth:`MemberCore.plan_done`."""
+
+    token: int
+    command: Command
+
+
+@attrs.frozen(slots=True)
+class Emit:
+    """A membership event for status() and measurements (the shell stamps wall-clock time)."""
+
+    t: float
+    event: str
+    fields: tuple[tuple[str, Any], ...] = ()
+
+    def record(self, ts_ns: int) -> dict[str, Any]:
+        return {"t": self.t, "ts_ns": ts_ns, "event": self.event, **dict(self.fields)}
+
+
+@attrs.frozen(slots=True)
+class NewState:
+    """The committed state changed (wake whoever waits on it)."""
+
+    state: FleetState
+
+
+@attrs.frozen(slots=True)
+class Publish:
+    """A new serving map: hand it to the subscribers."""
+
+    map: ServingMap
+
+
+Action = SendKeepalives | HastenElection | SubmitJoin | SubmitPlan | Emit | NewState | Publish
+
+
+def _emit(now: float, event: str, **fields: Any) -> Emit:
+    return Emit(now, event, tuple(fields.items()))
+
+
+class MemberCore:
+    def __init__(self, config: MemberConfig, now: float) -> None:
+        self.config = config
+        self.node_id: ProxyId = config.node_id
+        self._me = config.me.node
+        self._all_ids = frozenset(m.id for m in config.members)
+        self._peer_ids = tuple(m.id for m in config.peers)
+        self._configured = config.nodes()
+        self._planner = Planner(config.rebalance_delay)
+        self._tokens = itertools.count(1)
+        self._started_at = now
+        self._lease = QuorumLease(config.quorum_lease, now)
+        # Read by the shell (single attribute reads from any thread).
+        self.view = MemberView()
+        self.state = FleetState()
+        self.serving = ServingMap()
+        self.local_brokers: tuple[Broker, ...] | None = None
+        self.peer_changed_at: dict[ProxyId, float] = {}
+        self._peer_live: dict[ProxyId, bool] = {}
+        self._was_leader = False
+        self._inflight: int | None = None
+        self._inflight_deadline = 0.0
+        self._join_token: int | None = None
+        self._next_join_at = 0.0
+        self._next_keepalive = 0.0
+        self._next_plan_at = 0.0
+        self._plan_key: tuple = ()
+        self._map_key: tuple = ()
+        self._sane_key: tuple = ()
+        self._sane = False
+        # Stand-in duties follow the last view that was committed and not degraded.
+        self._vacant: frozenset[ProxyId] = frozenset()
+
+    def started(self, now: float) -> None:
+        """The member's Raft is up at ``now``: warm-up and the lease count from here."""
+        self._started_at = now
+        self._lease = QuorumLease(self.config.quorum_lease, now)
+
+    # ---- inputs besides the tick -------------------------------------------------------------
+
+    def set_brokers(self, brokers: Iterable[Broker]) -> None:
+        """The upstream brokers the local data path sees; empty means "does not know"."""
+        reported = tuple(sorted(brokers, key=lambda b: b.id))
+        if reported:
+            self.local_brokers = reported
+
+    def join_done(self, token: int, ok: bool, now: float) -> None:
+        if self._join_token == token:
+            self._next_join_at = now + (0.0 if ok else JOIN_RETRY_S)
+
+    def plan_done(self, token: int, command: Command, result: Result | None, error: object, now: float) -> list[Action]:
+        """``result`` is the state machine's answer, or None when not committed (``error`` says why)."""
+        if self._inflight == token:
+            self._inflight = None
+            self._next_plan_at = 0.0
+        name = type(command).__name__
+        if result is None:
+            return [_emit(now, "not_committed", command=name, error=error)]
+        fields: dict[str, Any] = {"command": name, "epoch": result.epoch}
+        nodes = getattr(command, "nodes", None)
+        if nodes:
+            fields["nodes"] = sorted(nodes)
+        if result.outcome == APPLIED:
+            return [_emit(now, "committed", **fields)]
+        if result.outcome == REJECTED:
+            return [_emit(now, "rejected", reason=result.reason, **fields)]
+        return []
+
+    # ---- the tick ----------------------------------------------------------------------------
+
+    def tick(self, now: float, live: frozenset[ProxyId], heard_all: bool, raft: RaftView) -> list[Action]:
+        """``live``: this node and every peer whose heartbeat is fresh; ``heard_all``:
+        every peer has been heard at least once since this process started."""
+        out: list[Action] = []
+        if now >= self._next_keepalive:
+            self._next_keepalive = now + self.config.connection_timeout / 4
+            out.append(SendKeepalives())
+        self._track_peers(live, now, out)
+        state, role, leader = raft.state, raft.role, raft.leader
+        majority = 2 * len(live & self._all_ids) > len(self._all_ids)
+        has_quorum = majority and leader is not None and leader in live
+        sane_key = (state, live)
+        if sane_key != self._sane_key:
+            self._sane_key, self._sane = sane_key, committed_is_sane(state, live)
+        degraded = self._lease.update(now, has_quorum, self._sane)
+        if degraded != self.view.degraded:
+            out.append(_emit(now, "degraded" if degraded else "quorum_back"))
+        if role != self.view.role or leader != self.view.leader:
+            out.append(_emit(now, "role", role=role, leader=leader, term=raft.term))
+        self.view = MemberView(role, raft.term, leader, has_quorum, degraded)
+
+        if role != "leader" and leader is not None and leader not in live:
+            out.append(self._hasten(live, leader))
+        self._maybe_join(state, now, out)
+        if role == "leader":
+            if not self._was_leader:
+                self._planner.reset()
+                self._was_leader = True
+            self._maybe_plan(state, live, heard_all, now, out)
+        elif self._was_leader:
+            self._planner.reset()
+            self._was_leader = False
+
+        if state is not self.state:
+            self.state = state
+            out.append(NewState(state))
+        self._update_map(state, live, degraded, now, out)
+        return out
+
+    def _hasten(self, live: frozenset[ProxyId], leader: ProxyId) -> HastenElection:
+        """Our heartbeat saw the leader die (its port refuses, ~0.1 s): start the
+        election now instead of waiting out the election timeout since the
+        leader's last append_entries.
+
+        Survivors go in id order, ``2 * autotick_period`` apart: the first one's
+        vote request reaches the others before their own turn, so they vote for
+        it instead of splitting the vote (random jitter smaller than a tick
+        collided about one time in three: ticks run in lockstep). If the first
+        is refused (a shorter log), the next one asks at a higher term. Only
+        ever makes the deadline earlier."""
+        order = sorted(live - {leader})
+        rank = order.index(self.node_id) if self.node_id in order else len(order)
+        return HastenElection(rank * 2 * self.config.autotick_period)
+
+    def _track_peers(self, live: frozenset[ProxyId], now: float, out: list[Action]) -> None:
+        for p in self._peer_ids:
+            is_live = p in live
+            if self._peer_live.get(p) != is_live:
+                if p in self._peer_live or is_live:
+                    out.append(_emit(now, "peer_up" if is_live else "peer_down", node=p))
+                self._peer_live[p] = is_live
+                self.peer_changed_at[p] = now
+
+    def _maybe_join(self, state: FleetState, now: float, out: list[Action]) -> None:
+        """Until the committed state holds this node's own record, propose
+        Join (forwarded to the leader, queued while there is none); one
+        attempt at a time, retried after a failure or after commit_timeout."""
+        if now < self._next_join_at or any(n == self._me for n in state.members):
+            return
+        self._next_join_at = now + self.config.commit_timeout
+        self._join_token = next(self._tokens)
+        out.append(SubmitJoin(self._join_token, Join(self._me)))
+
+    def _maybe_plan(
+        self, state: FleetState, live: frozenset[ProxyId], heard_all: bool, now: float, out: list[Action]
+    ) -> None:
+        # Until every peer has been heard once (or suspect_timeout has passed)
+        # our view is incomplete: never mark anyone down on it.
+        if not heard_all and now - self._started_at < self.config.suspect_timeout:
+            return
+        if self._inflight is not None:
+            if now < self._inflight_deadline:
+                return
+            self._inflight = None
+        key = (state, live, self.local_brokers)
+        if key == self._plan_key and now < self._next_plan_at:
+            return
+        self._plan_key, self._next_plan_at = key, now + PLAN_INTERVAL_S
+        command = self._planner.next_command(state, live, now, self.local_brokers)
+        if command is None:
+            return
+        self._inflight, self._inflight_deadline = next(self._tokens), now + self.config.commit_timeout
+        out.append(_emit(now, "propose", command=type(command).__name__, epoch=state.epoch))
+        out.append(SubmitPlan(self._inflight, command))
+
+    def _update_map(
+        self, state: FleetState, live: frozenset[ProxyId], degraded: bool, now: float, out: list[Action]
+    ) -> None:
+        local = self.local_brokers or ()
+        key = (state, live, degraded, local)
+        if key == self._map_key:
+            return
+        self._map_key = key
+        if not degraded and state.epoch > 0:
+            self._vacant = committed_vacant(state)
+        prev = self.serving
+        new = build_serving_map(
+            state,
+            self_id=self.node_id,
+            configured=self._configured,
+            reachable=live,
+            degraded=degraded,
+            local_brokers=local,
+            vacant=self._vacant,
+            version=prev.version + 1,
+            changed_at=now,
+        )
+        if new.same_table(prev):
+            return
+        self.serving = new
+        out.append(_emit(now, "effective", epoch=new.epoch, version=new.version, degraded=new.degraded))
+        out.append(Publish(new))

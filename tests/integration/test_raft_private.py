@@ -1,0 +1,152 @@
+"""Every pysyncobj private access of ``FleetRaft`` against a real in-process SyncObj.
+
+The accessors read name-mangled internals of pysyncobj ``PINNED_PYSYNCOBJ``;
+the first test fails on any other version so that an upgrade forces a re-check
+of all of them (run this file against the new version, then move the pin).
+Hosts 127.0.0.41-47, free ports.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import socket
+import threading
+from pathlib import Path
+
+import pysyncobj
+import pysyncobj.tcp_connection as tcp_connection
+import pytest
+from pysyncobj.version import VERSION
+
+from membership.commands import Drain
+from membership.config import MemberConfig, MemberSpec
+from membership.raft import PINNED_PYSYNCOBJ, FleetRaft, bind_outgoing
+from tests.integration.test_raft import free_port
+from tests.integration.test_raft_inprocess import wait_until
+from topology import ProxyNode
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_pysyncobj_is_the_pinned_version():
+    pinned = re.search(r"^pysyncobj==(\S+)$", (ROOT / "constraints.txt").read_text(), re.M)
+    assert pinned is not None, "constraints.txt pins pysyncobj"
+    assert VERSION == pinned.group(1) == PINNED_PYSYNCOBJ, (
+        f"pysyncobj {VERSION} installed, {pinned.group(1)} pinned, accessors written for {PINNED_PYSYNCOBJ}: "
+        "re-check every private access in membership/raft.py"
+    )
+    assert pysyncobj.SyncObj is not None
+
+
+def _destroy(raft: FleetRaft) -> None:
+    """destroy() is asynchronous: the tick thread closes the sockets. Wait for it, or a
+    socket of a later test may get a file descriptor number it is about to close."""
+    raft.destroy()
+    wait_until("the tick thread ended", lambda: not raft.tick_thread_alive(), timeout=5)
+
+
+def _configs(hosts: dict[str, str]) -> dict[str, MemberConfig]:
+    specs = [MemberSpec(ProxyNode(p, h, 9092), h, free_port(h)) for p, h in hosts.items()]
+    return {p: MemberConfig(node_id=p, members=specs, password="private-accessors") for p in hosts}
+
+
+@pytest.fixture
+def pair():
+    """Two members of a two-member group, both running: one leads."""
+    configs = _configs({"a": "127.0.0.44", "b": "127.0.0.45"})
+    rafts = {p: FleetRaft(c) for p, c in configs.items()}
+    try:
+        for r in rafts.values():
+            r.waitBinded()
+        yield configs, rafts
+    finally:
+        for r in rafts.values():
+            _destroy(r)
+
+
+def test_role_leader_address_and_keepalive(pair):
+    configs, rafts = pair
+    wait_until("one leader", lambda: sorted(r.role() for r in rafts.values()) == ["follower", "leader"])
+    leader = next(p for p, r in rafts.items() if r.role() == "leader")
+    follower = next(p for p in rafts if p != leader)
+    address = configs[leader].me.raft_address
+    wait_until("the follower knows the leader", lambda: rafts[follower].leader_address() == address)
+    assert rafts[leader].leader_address() == address
+    assert rafts[leader].send_keepalive() == 1
+    assert rafts[follower].send_keepalive() == 1
+    # An unknown message type is ignored: the group keeps its leader and still commits.
+    done = threading.Event()
+    rafts[follower].submit(Drain("x"),
+                           lambda _result, _err: done.set())
+    assert done.wait(5)
+    assert rafts[leader].role() == "leader"
+
+
+def test_hasten_election_moves_the_deadline_earlier_only():
+    """Three members; the leader goes away; the follower that hastens wins the election
+    (the other one waits out its 0.3-0.6 s election timeout)."""
+    configs = _configs({"a": "127.0.0.41", "b": "127.0.0.42", "c": "127.0.0.43"})
+    rafts = {p: FleetRaft(c) for p, c in configs.items()}
+    try:
+        for r in rafts.values():
+            r.waitBinded()
+        wait_until("one leader", lambda: sorted(r.role() for r in rafts.values()) == ["follower", "follower", "leader"])
+        leader = next(p for p, r in rafts.items() if r.role() == "leader")
+        eager, other = sorted(p for p in rafts if p != leader)
+        rafts[eager].hasten_election(1000.0)  # later than the current deadline: no effect
+        remaining = rafts[eager].election_deadline_in()
+        assert remaining is not None and remaining < configs[eager].raft_max_timeout + 0.1
+        _destroy(rafts.pop(leader))
+        rafts[eager].hasten_election(0.0)
+        wait_until("the hastened follower leads", lambda: rafts[eager].role() == "leader", timeout=5)
+        assert rafts[other].role() == "follower"
+        wait_until("the other follows it",
+                   lambda: rafts[other].leader_address() == configs[eager].me.raft_address, timeout=5)
+    finally:
+        for r in rafts.values():
+            _destroy(r)
+
+
+def test_subscribe_fd_runs_the_callback_on_readable():
+    configs = _configs({"a": "127.0.0.46"})
+    raft = FleetRaft(configs["a"])
+    recv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    send = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        raft.waitBinded()
+        recv.bind(("127.0.0.46", 0))
+        recv.setblocking(False)
+        got: list[bytes] = []
+
+        def on_event(_fd: int, _event: int) -> None:
+            try:
+                got.append(recv.recv(64))
+            except BlockingIOError:
+                pass
+
+        raft.subscribe_fd(recv.fileno(), on_event)
+        send.sendto(b"ping", recv.getsockname())
+        wait_until("the poller saw the datagram", lambda: got == [b"ping"], timeout=3)
+    finally:
+        _destroy(raft)
+        recv.close()
+        send.close()
+
+
+def test_bind_outgoing_binds_pysyncobj_tcp_sockets(monkeypatch):
+    assert "socket.socket(" in inspect.getsource(tcp_connection), "pysyncobj creates sockets through socket.socket"
+    monkeypatch.setattr(tcp_connection, "socket", tcp_connection.socket)  # restored after the test
+    bind_outgoing("127.0.0.47")
+    s = tcp_connection.socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        assert s.getsockname()[0] == "127.0.0.47"
+    finally:
+        s.close()
+    u = tcp_connection.socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        assert u.getsockname() == ("0.0.0.0", 0)  # only TCP is bound
+    finally:
+        u.close()

@@ -1,0 +1,78 @@
+"""MemberCore's gating rules, one at a time, with a hand-driven clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from membership.commands import Join, MarkUp, Result
+from membership.config import MemberConfig, MemberSpec
+from membership.control import HastenElection, MemberCore, RaftView, SendKeepalives, SubmitJoin, SubmitPlan
+from membership.state import FleetState
+from topology import ProxyNode
+
+pytestmark = pytest.mark.unit
+
+NODES = [ProxyNode(p, f"127.0.0.{11 + i}", 9092) for i, p in enumerate(("a", "b", "c"))]
+SPECS = [MemberSpec(n, n.host, 7000) for n in NODES]
+
+
+def core(node: str = "a") -> MemberCore:
+    return MemberCore(MemberConfig(node_id=node, members=SPECS, password="pw"), now=0.0)
+
+
+def joined() -> FleetState:
+    s = FleetState()
+    for n in NODES:
+        s, _ = s.apply(Join(n))
+    return s
+
+
+def of(kind, actions):
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def test_join_once_until_committed_retry_after_failure():
+    c = core()
+    first = of(SubmitJoin, c.tick(0.0, frozenset("a"), False, RaftView()))
+    assert [a.command for a in first] == [Join(NODES[0])]
+    assert of(SubmitJoin, c.tick(0.1, frozenset("a"), False, RaftView())) == []  # one attempt at a time
+    c.join_done(first[0].token, ok=False, now=0.1)
+    assert of(SubmitJoin, c.tick(0.2, frozenset("a"), False, RaftView())) == []  # JOIN_RETRY_S later
+    assert len(of(SubmitJoin, c.tick(0.31, frozenset("a"), False, RaftView()))) == 1
+    assert of(SubmitJoin, c.tick(0.4, frozenset("a"), False, RaftView(state=joined()))) == []
+
+
+def test_leader_waits_for_warm_up_then_keeps_one_command_in_flight():
+    c = core()
+    leader = RaftView("leader", "a", 1, joined())
+    live = frozenset("abc")
+    assert of(SubmitPlan, c.tick(0.1, live, False, leader)) == []  # peers not heard yet, < suspect_timeout
+    plan = of(SubmitPlan, c.tick(0.2, live, True, leader))
+    assert len(plan) == 1
+    assert of(SubmitPlan, c.tick(0.5, live, True, leader)) == []  # in flight
+    c.plan_done(plan[0].token, plan[0].command, Result("applied", 4), None, 0.6)
+    assert len(of(SubmitPlan, c.tick(0.6, live, True, leader))) == 1  # the same stale state: asked again at once
+    c2 = core()
+    assert len(of(SubmitPlan, c2.tick(1.0, live, False, leader))) == 1  # suspect_timeout passed
+
+
+def test_election_hastened_in_id_order_and_keepalives_scheduled():
+    view = RaftView("follower", "a", 1, joined())
+    b, c = core("b"), core("c")
+    assert of(HastenElection, b.tick(0.0, frozenset("bc"), True, view)) == [HastenElection(0.0)]
+    assert of(HastenElection, c.tick(0.0, frozenset("bc"), True, view)) == [HastenElection(0.1)]
+    assert of(HastenElection, b.tick(0.1, frozenset("abc"), True, view)) == []
+    assert len(of(SendKeepalives, b.tick(0.26, frozenset("abc"), True, view))) == 1  # connection_timeout / 4
+    assert of(SendKeepalives, b.tick(0.3, frozenset("abc"), True, view)) == []
+
+
+def test_degraded_map_keeps_the_last_committed_vacant_set():
+    c = core()
+    s = joined()
+    s, _ = s.apply(MarkUp({"a", "b"}, s.epoch))
+    c.tick(0.0, frozenset("ab"), True, RaftView("follower", "b", 1, s))
+    assert c.serving.vacant == {"c"} and not c.serving.degraded
+    c.tick(5.0, frozenset("a"), True, RaftView("candidate", None, 1, s))  # quorum lost...
+    assert not c.serving.degraded
+    c.tick(6.6, frozenset("a"), True, RaftView("candidate", None, 1, s))  # ...for longer than the lease
+    assert c.serving.degraded and c.serving.vacant == {"c"}

@@ -30,10 +30,6 @@ from membership.state import FleetState
 from topology import Broker, BrokerId, ProxyId, ProxyNode, assign
 
 
-#: The former name of :class:`ServingMap`, kept while proxy/fleet.py still imports it.
-EffectiveAssignment = ServingMap
-
-
 def committed_vacant(state: FleetState) -> frozenset[ProxyId]:
     """Members that are down or draining in the committed view."""
     return frozenset(p for p in state.member_ids() if p not in state.up or p in state.draining)

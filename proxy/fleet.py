@@ -16,8 +16,7 @@ from typing import Any
 from membership.config import ConfigError as MemberConfigError
 from membership.config import MemberConfig, MemberSpec
 from membership.node import FleetMember
-from membership.serving import ServingMap, stand_in_duties
-from membership.state import FleetState
+from membership.serving import ServingMap
 from proxy.config import Config, ConfigError, proxy_nodes
 from proxy.datapath import DataPath
 from proxy.upstream import UpstreamBroker
@@ -47,28 +46,6 @@ def member_config(config: Config, node_id: str) -> MemberConfig:
         raise ConfigError(_FIELD.get(exc.field, f"fleet.{exc.field}"), str(exc)) from None
 
 
-# ---- TRANSITIONAL SHIM (delete at merge: the member then delivers a ServingMap itself)
-def serving_map_from_effective(snapshot: Any, committed: FleetState, config: Config,
-                               previous: ServingMap | None) -> ServingMap:
-    """A ServingMap from main's ``EffectiveAssignment`` plus the committed state.
-
-    Vacant and draining nodes follow the committed view only: in degraded mode
-    (no quorum) this node cannot tell a dead peer from a partitioned one, so the
-    previous vacancies stay."""
-    nodes = {n.id: n for n in proxy_nodes(config)}
-    nodes.update(committed.member_map())
-    if not snapshot.degraded and committed.epoch > 0:
-        vacant = frozenset(p for p in committed.member_ids() if p not in committed.up or p in committed.draining)
-    else:
-        vacant = previous.vacant if previous is not None else frozenset()
-    owners = snapshot.owner_map()
-    return ServingMap(epoch=snapshot.epoch, owners=owners, addresses=snapshot.addresses, nodes=nodes.values(),
-                      vacant=vacant, draining=frozenset(committed.draining),
-                      stand_ins=stand_in_duties(owners, nodes.values(), vacant), degraded=snapshot.degraded,
-                      version=snapshot.version, changed_at=snapshot.changed_at, error=snapshot.error)
-# ---- END TRANSITIONAL SHIM
-
-
 class FleetLink:
     """Connects one node's DataPath to its FleetMember: the member's map in, the discovered brokers out."""
 
@@ -90,15 +67,12 @@ class FleetLink:
     def _report_brokers(self, brokers: list[UpstreamBroker]) -> None:
         self.member.set_brokers([Broker(b.node_id, b.host, b.port, b.rack) for b in brokers])
 
-    def _on_change(self, snapshot: Any) -> None:  # member thread
+    def _on_change(self, snapshot: ServingMap) -> None:  # member thread
         self.loop.call_soon_threadsafe(self._apply, snapshot)
 
-    def _apply(self, snapshot: Any) -> None:  # event loop
+    def _apply(self, snapshot: ServingMap) -> None:  # event loop
         if self.last is not None and snapshot.version < self.last.version:
             return  # an older snapshot overtaken by a newer one
-        if not hasattr(snapshot, "stand_ins"):
-            snapshot = serving_map_from_effective(snapshot, self.member.committed_state(), self.datapath.config,
-                                                  self.last)
         self.last = snapshot
         drained = self.datapath.apply_map(snapshot)
         if drained:

@@ -43,7 +43,7 @@ def demo(state_dir: str, out_dir: str, clients: str) -> None:
         console.print(f"clients bootstrap against the fleet: [bold]{fleet.bootstrap_servers}[/bold]")
         console.print(Rule("2. kproxy cluster status"))
         before = fleet.fleet_view()
-        render_status(before, LocalFleet.health_problems(before))
+        render_status(before, before.health_problems())
         console.print(Rule("3. kproxy drill run --fault kill (SIGKILL a proxy node, under load)"))
         phases: list[str] = []
 
@@ -51,7 +51,7 @@ def demo(state_dir: str, out_dir: str, clients: str) -> None:
             console.print(Rule(f"3a. kproxy cluster status ({step['node']} killed: its identities on the "
                                "survivors, epoch + 1, clients recovered)"))
             view = fleet.fleet_view()
-            render_status(view, LocalFleet.health_problems(view))
+            render_status(view, view.health_problems())
             console.print(Rule(f"3b. restarting {step['node']}"))
 
         config = DrillConfig(fault="kill", out_dir=out / "trace", clients=parse_clients(clients), repeat=1,
@@ -67,7 +67,7 @@ def demo(state_dir: str, out_dir: str, clients: str) -> None:
         render_timeline(Path(str(summary.get("trace_dir"))))
         console.print(Rule("5. kproxy cluster status (the victim restarted and took its identities back)"))
         after = fleet.wait_balanced(60)
-        render_status(after, LocalFleet.health_problems(after))
+        render_status(after, after.health_problems())
         console.print(Rule("6. drill summary"))
         console.print_json(json.dumps(summary, default=str))
         ok = summary.get("passed") is True

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from proxy.admin_client import AdminError, ClusterAdmin
+from proxy.status import FleetView
 
 if TYPE_CHECKING:  # the local launcher needs the [chaos] extra: imported where a command uses it
     from chaos.testbed.fleet import LocalFleet
@@ -90,8 +91,8 @@ def fleet_up(brokers: int, proxies: int, state_dir: str, bootstrap: str | None, 
         _fail(exc)
     view = f.fleet_view()
     if as_json:
-        click.echo(json.dumps({"bootstrap": f.bootstrap, "epoch": view["epoch"], "leader": view["leader"],
-                               "assignment": view["assignment"], "nodes": [n["id"] for n in view["nodes"]],
+        click.echo(json.dumps({"bootstrap": f.bootstrap, "epoch": view.epoch, "leader": view.leader,
+                               "assignment": view.assignment, "nodes": [n.id for n in view.nodes],
                                "kafka": f.kafka.bootstrap if f.kafka else f.upstream, "state_dir": state_dir}))
     else:
         click.echo(f.bootstrap_servers)
@@ -112,24 +113,24 @@ def cluster() -> None:
     """Look at and act on a running fleet."""
 
 
-def render_status(view: dict[str, Any], problems: list[str]) -> None:
-    nodes = Table(title=f"kproxy fleet — epoch {view['epoch']}, leader {view['leader'] or '—'}")
+def render_status(view: FleetView, problems: list[str]) -> None:
+    nodes = Table(title=f"kproxy fleet — epoch {view.epoch}, leader {view.leader or '—'}")
     for col in ("node", "address", "role", "term", "epoch", "quorum", "identities", "standing in for"):
         nodes.add_column(col, no_wrap=col != "standing in for", overflow="fold")
-    for n in view["nodes"]:
-        role = n["role"] if n["alive"] else "[red]DOWN[/red]"
-        nodes.add_row(n["id"], n["address"], role, str(n["term"] or "—"), str(n["epoch"] or "—"),
-                      {True: "yes", False: "[yellow]no[/yellow]", None: "—"}[n["has_quorum"]],
-                      ", ".join(map(str, n["identities"])) or "—", ", ".join(n.get("standing_in", [])) or "—")
+    for n in view.nodes:
+        role = n.role if n.alive else "[red]DOWN[/red]"
+        nodes.add_row(n.id, n.address, role, str(n.term or "—"), str(n.epoch or "—"),
+                      {True: "yes", False: "[yellow]no[/yellow]", None: "—"}[n.has_quorum],
+                      ", ".join(map(str, n.identities)) or "—", ", ".join(n.standing_in) or "—")
     console.print(nodes)
     table = Table(title="broker identity → proxy")
     for col in ("broker", "upstream", "rack", "proxy", "advertised"):
         table.add_column(col)
-    brokers = {str(b["id"]): b for b in view["brokers"]}
-    for bid, owner in view["assignment"].items():
-        b = brokers.get(bid, {})
-        table.add_row(bid, f"{b.get('host')}:{b.get('port')}" if b else "?", str(b.get("rack") or "—"), owner,
-                      str(b.get("advertised") or "—"))
+    brokers = {str(b.id): b for b in view.brokers}
+    for bid, owner in view.assignment.items():
+        b = brokers.get(bid)
+        table.add_row(bid, f"{b.host}:{b.port}" if b else "?", str((b and b.rack) or "—"), owner,
+                      str((b and b.advertised) or "—"))
     console.print(table)
     console.print("[green]healthy[/green]" if not problems else "[red]unhealthy:[/red] " + "; ".join(problems))
 
@@ -141,11 +142,9 @@ def cluster_status(state_dir: str | None, admin_url: str | None, token_env: str,
     """Nodes, roles, epoch, broker-id → proxy table, upstream brokers. Exit 1 when unhealthy."""
     f = _target(state_dir, admin_url, token_env)
     view = f.fleet_view()
-    problems = ClusterAdmin.health_problems(view)
-    view["healthy"] = not problems
-    view["problems"] = problems
+    problems = view.health_problems()
     if as_json:
-        click.echo(json.dumps(view))
+        click.echo(json.dumps({**view.to_json(), "healthy": not problems, "problems": problems}))
     else:
         render_status(view, problems)
     sys.exit(1 if problems else 0)

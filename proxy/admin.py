@@ -17,7 +17,6 @@ import hmac
 import json
 import logging
 import threading
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
 

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from proxy.config import http_url
+from proxy.status import FleetView, NodeEndpoint, NodeStatus
 
 DEFAULT_ADMIN_PORT = 9400
 DEFAULT_BOOTSTRAP_PORT = 9092
@@ -102,19 +103,17 @@ class ClusterAdmin:
         try:
             r = first.get("/status", timeout=timeout)
             r.raise_for_status()
-            status = r.json()
-        except (httpx.HTTPError, ValueError) as exc:
+            status = NodeStatus.from_json(r.json())
+        except (httpx.HTTPError, ValueError) as exc:  # StatusError is a ValueError
             raise AdminError(f"no fleet status from {first.admin_url}: {exc!r}") from None
-        members = status.get("members") or {}
-        endpoints = status.get("admin_endpoints") or {str(status.get("node")): first.admin_url}
+        endpoints = status.admin_endpoints or {status.node: first.admin_url}
         nodes = []
         for node_id, url in sorted(endpoints.items()):
             u = urllib.parse.urlsplit(url)
-            bootstrap_port = (members.get(node_id) or {}).get("bootstrap_port", DEFAULT_BOOTSTRAP_PORT)
+            member = status.members.get(node_id)
             nodes.append(NodeAdmin(node_id, u.hostname or "", u.port or DEFAULT_ADMIN_PORT, token,
-                                   bootstrap_port=bootstrap_port))
-        upstream = [f"{b['host']}:{b['port']}" for b in status.get("brokers") or [] if isinstance(b, dict)]
-        return cls(nodes, upstream)
+                                   bootstrap_port=member.bootstrap_port if member else DEFAULT_BOOTSTRAP_PORT))
+        return cls(nodes, [f"{b.host}:{b.port}" for b in status.brokers])
 
     # ---------------------------------------------------------- accessors
     @property
@@ -139,7 +138,7 @@ class ClusterAdmin:
             raise AdminError(f"no node {node_id!r} in this fleet (nodes: {self.node_ids})") from None
 
     # -------------------------------------------------------------- views
-    def status(self, node_id: str | None = None, timeout: float = 1.0) -> dict[str, Any]:
+    def status(self, node_id: str | None = None, timeout: float = 1.0) -> NodeStatus:
         """GET /status of one node (default: the first that answers)."""
         candidates = [self._node(node_id)] if node_id else list(self.nodes.values())
         errors = []
@@ -147,108 +146,53 @@ class ClusterAdmin:
             try:
                 r = n.get("/status", timeout=timeout)
                 r.raise_for_status()
-                return r.json()
-            except httpx.HTTPError as exc:
+                return NodeStatus.from_json(r.json())
+            except (httpx.HTTPError, ValueError) as exc:  # StatusError is a ValueError
                 errors.append(f"{n.node_id}: {exc!r}")
         raise AdminError("no node answered /status: " + "; ".join(errors))
 
-    def statuses(self, timeout: float = 1.0) -> dict[str, dict[str, Any] | None]:
-        out: dict[str, dict[str, Any] | None] = {}
+    def statuses(self, timeout: float = 1.0) -> dict[str, NodeStatus | None]:
+        """Every node's status; None for a node that does not answer (or answers nonsense)."""
+        out: dict[str, NodeStatus | None] = {}
         for n in self.nodes.values():
             try:
                 r = n.get("/status", timeout=timeout)
-                out[n.node_id] = r.json() if r.status_code == 200 else None
+                out[n.node_id] = NodeStatus.from_json(r.json()) if r.status_code == 200 else None
             except (httpx.HTTPError, ValueError):
                 out[n.node_id] = None
         return out
 
-    def fleet_view(self, timeout: float = 1.0) -> dict[str, Any]:
+    def endpoints(self) -> list[NodeEndpoint]:
+        return [NodeEndpoint(n.node_id, n.host, n.pid, n.alive()) for n in self.nodes.values()]
+
+    def fleet_view(self, timeout: float = 1.0) -> FleetView:
         """One picture of the fleet: the leader's table, every node's role and liveness."""
         statuses = self.statuses(timeout)
-        answering = {k: v for k, v in statuses.items() if v is not None}
-        leaders = [s for s in answering.values() if s.get("role") == "leader"]
-        # The authoritative table is the leader's (highest term wins if two claim it).
-        source = max(leaders, key=lambda s: s.get("term", 0)) if leaders else (
-            max(answering.values(), key=lambda s: s.get("epoch", 0)) if answering else None)
-        assignment = dict(source.get("assignment", {})) if source else {}
-        members = source.get("members", {}) if source else {}
-        nodes = []
-        for node_id, n in self.nodes.items():
-            s = statuses[node_id]
-            nodes.append({
-                "id": node_id,
-                "address": n.host,
-                "pid": n.pid,
-                "process": n.alive(),
-                "alive": s is not None,
-                "role": s.get("role") if s else "unreachable",
-                "term": s.get("term") if s else None,
-                "epoch": s.get("epoch") if s else None,
-                "has_quorum": s.get("has_quorum") if s else None,
-                "up": members.get(node_id, {}).get("up"),            # the fleet's committed view
-                "draining": members.get(node_id, {}).get("draining"),
-                "identities": sorted(int(b) for b, owner in assignment.items() if owner == node_id),
-                "standing_in": s.get("standing_in", []) if s else [],  # vacant nodes' addresses it serves
-            })
-        return {
-            "epoch": source.get("epoch") if source else None,
-            "leader": source.get("leader") if source else None,
-            "assignment": {str(k): v for k, v in sorted(assignment.items(), key=lambda kv: int(kv[0]))},
-            "nodes": nodes,
-            "brokers": source.get("brokers", []) if source else [],
-            "bootstrap": self.bootstrap,
-        }
+        return FleetView.build(self.endpoints(), statuses, self.bootstrap)
 
     def leader(self) -> str | None:
-        return self.fleet_view().get("leader")
+        return self.fleet_view().leader
 
-    @staticmethod
-    def health_problems(view: dict[str, Any]) -> list[str]:
-        problems = []
-        if not view.get("leader"):
-            problems.append("no Raft leader")
-        alive = {n["id"] for n in view["nodes"] if n["alive"]}
-        for n in view["nodes"]:
-            if not n["alive"]:
-                problems.append(f"node {n['id']} unreachable")
-        broker_ids = {str(b["id"]) for b in view.get("brokers", [])}
-        if not broker_ids:
-            problems.append("no upstream brokers known")
-        for b in sorted(broker_ids):
-            owner = view["assignment"].get(b)
-            if owner is None:
-                problems.append(f"broker {b} unassigned")
-            elif owner not in alive:
-                problems.append(f"broker {b} assigned to unreachable node {owner}")
-        epochs = {n["epoch"] for n in view["nodes"] if n["alive"]}
-        if len(epochs) > 1:
-            problems.append(f"nodes disagree on the epoch: {sorted(e for e in epochs if e is not None)}")
-        return problems
-
-    def wait_healthy(self, timeout: float = 30.0, *, allow_dead: bool = False) -> dict[str, Any]:
+    def wait_healthy(self, timeout: float = 30.0, *, allow_dead: bool = False) -> FleetView:
         """Until: a leader, every identity on a live node, one epoch (dead nodes allowed if asked)."""
         deadline = time.monotonic() + timeout
         problems: list[str] = ["not checked"]
-        view: dict[str, Any] = {}
         while time.monotonic() < deadline:
             view = self.fleet_view()
-            problems = self.health_problems(view)
-            if allow_dead:
-                problems = [p for p in problems if "unreachable" not in p or "assigned to" in p]
+            problems = view.health_problems(allow_dead=allow_dead)
             if not problems:
                 return view
             time.sleep(0.1)
         raise AdminError(f"fleet not healthy within {timeout}s: {problems}")
 
-    def wait_balanced(self, timeout: float = 30.0) -> dict[str, Any]:
+    def wait_balanced(self, timeout: float = 30.0) -> FleetView:
         """Until healthy and every live, non-draining node's load is within one of the others'."""
         deadline = time.monotonic() + timeout
         loads: dict[str, int] = {}
         while time.monotonic() < deadline:
             view = self.fleet_view()
-            serving = [n for n in view["nodes"] if n["alive"] and not n.get("draining")]
-            loads = {n["id"]: len(n["identities"]) for n in serving}
-            if not self.health_problems(view) and loads and max(loads.values()) - min(loads.values()) <= 1:
+            loads = view.loads()
+            if not view.health_problems() and loads and max(loads.values()) - min(loads.values()) <= 1:
                 return view
             time.sleep(0.1)
         raise AdminError(f"fleet not balanced within {timeout}s: identities per node {loads}")

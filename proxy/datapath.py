@@ -40,23 +40,12 @@ from proxy.listeners import Listeners
 from proxy.metrics import ProxyMetrics
 from proxy.registry import ConnectionRegistry
 from proxy.rewrite import BrokerAddress, ResponseRewriter
+from proxy.status import BrokerRow
 from proxy.takeover import wanted_stand_ins
 from proxy.upstream import UpstreamBroker
 
 log = logging.getLogger("kproxy.proxy")
 FETCH = 1
-
-
-@attrs.frozen
-class BrokerStatus:
-    id: int
-    host: str
-    port: int
-    rack: str | None
-    advertised: str | None  # "host:port" clients are told, None while not bound here
-
-    def to_json(self) -> dict[str, object]:
-        return {"id": self.id, "host": self.host, "port": self.port, "rack": self.rack, "advertised": self.advertised}
 
 
 @attrs.frozen
@@ -70,7 +59,7 @@ class DataPathStatus:
     standing_in: tuple[str, ...]
     connections: int
     draining: bool
-    brokers: tuple[BrokerStatus, ...]
+    brokers: tuple[BrokerRow, ...]
 
     def to_json(self) -> dict[str, object]:
         return {"node": self.node, "bootstrap": self.bootstrap, "listeners": list(self.listeners),
@@ -285,7 +274,7 @@ class DataPath:
             standing_in=tuple(self.listeners.stand_in_addresses),
             connections=self.connections,
             draining=self.draining,
-            brokers=tuple(BrokerStatus(b.node_id, b.host, b.port, b.rack,
+            brokers=tuple(BrokerRow(b.node_id, b.host, b.port, b.rack,
                                        "%s:%d" % a if (a := address_of(b.node_id)) else None)
                           for b in sorted(self.brokers.values())),
         )

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from membership.config import ConfigError as MemberConfigError
 from membership.config import MemberConfig, MemberSpec
@@ -77,6 +76,3 @@ class FleetLink:
         drained = self.datapath.apply_map(snapshot)
         if drained:
             log.info("moved clients away", extra={"epoch": snapshot.epoch, "connections": drained})
-
-    def status(self) -> dict[str, Any]:
-        return self.member.status().to_json()

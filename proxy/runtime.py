@@ -20,6 +20,7 @@ import uvloop
 from proxy.admin import AdminServer
 from proxy.config import Config, http_url
 from proxy.datapath import DataPath
+from proxy.status import NodeStatus, node_status
 
 GRACEFUL_DRAIN_S = 5.0
 
@@ -49,25 +50,13 @@ class NodeRuntime:
 
         return asyncio.run_coroutine_threadsafe(call(), self.loop).result(timeout)
 
-    def status(self) -> dict[str, Any]:
-        data, serving = self._call_in_loop(lambda: (self.datapath.status().to_json(), self.datapath.serving))
-        assignment = {str(k): v for k, v in serving.owners}
-        data.update({"epoch": serving.epoch, "assignment": assignment,
-                     "role": "standalone", "term": 0, "leader": self.node_id, "has_quorum": True,
-                     "pid": os.getpid(), "ready": self.ready and not data["unbound"],
-                     # Where every node of the fleet answers: `cluster --admin URL` needs only one.
-                     "admin_endpoints": {n.id: http_url(n.host, n.admin_port) for n in self.config.nodes
-                                         if n.admin_port is not None}})
-        if self.link is not None:
-            member = self.link.status()
-            member.pop("brokers", None)  # the data path's broker list (with addresses) is richer
-            member["committed_assignment"] = member.pop("assignment")
-            member["committed_epoch"] = member["epoch"]
-            data.update(member)
-            # What this node advertises right now (the effective table, degraded mode included).
-            data["assignment"] = assignment
-            data["epoch"] = serving.epoch
-        return data
+    def status(self) -> NodeStatus:
+        datapath, serving = self._call_in_loop(lambda: (self.datapath.status(), self.datapath.serving))
+        return node_status(datapath, serving, self.link.member.status() if self.link is not None else None,
+                           pid=os.getpid(), ready=self.ready,
+                           # Where every node of the fleet answers: `cluster --admin URL` needs only one.
+                           admin_endpoints={n.id: http_url(n.host, n.admin_port) for n in self.config.nodes
+                                            if n.admin_port is not None})
 
     def _ready(self) -> bool:
         """Serving, and a listener for every known broker (a port taken by someone else is not)."""
@@ -115,7 +104,8 @@ class NodeRuntime:
             self.loop.run_in_executor(None, self._rejoin)
         if self.local.admin_port is not None:
             self.admin = AdminServer(
-                self.local.host, self.local.admin_port, token=self.config.admin_token, status=self.status,
+                self.local.host, self.local.admin_port, token=self.config.admin_token,
+                status=lambda: self.status().to_json(),
                 metrics=self.datapath.metrics.render, ready=self._ready,
                 actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain})
             self.admin.start()

@@ -20,9 +20,14 @@ else the highest epoch any node reports.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
+
+if TYPE_CHECKING:  # only for annotations: the status types themselves need nothing of membership
+    from membership.serving import ServingMap
+    from membership.status import MemberStatus
+    from proxy.datapath import DataPathStatus
 
 
 class StatusError(ValueError):
@@ -147,6 +152,27 @@ class NodeStatus:
             return cls(**{k: v for k, v in fields.items() if k in known})
         except (KeyError, TypeError, ValueError) as exc:
             raise StatusError(f"not a node status: {exc!r}") from None
+
+
+def node_status(datapath: DataPathStatus, serving: ServingMap, member: MemberStatus | None, *, pid: int,
+                ready: bool, admin_endpoints: Mapping[str, str]) -> NodeStatus:
+    """A node's status from its parts: the data path, the map it serves, its fleet member (if any).
+
+    ``epoch``/``assignment`` come from the serving map (what clients are told now);
+    without a fleet the node is its own leader, ``standalone``."""
+    common = dict(
+        node=datapath.node, pid=pid, ready=ready and not datapath.unbound, bootstrap=datapath.bootstrap,
+        listeners=datapath.listeners, unbound=datapath.unbound, standing_in=datapath.standing_in,
+        connections=datapath.connections, draining=datapath.draining, brokers=datapath.brokers,
+        epoch=serving.epoch, assignment={str(b): p for b, p in serving.owners}, admin_endpoints=admin_endpoints)
+    if member is None:
+        return NodeStatus(role="standalone", term=0, leader=datapath.node, has_quorum=True, **common)
+    m = member.to_json()  # the member's own wire form: one definition of its fields
+    return NodeStatus(
+        role=m["role"], term=m["term"], leader=m["leader"], has_quorum=m["has_quorum"], degraded=m["degraded"],
+        committed_epoch=m["epoch"], committed_assignment=m["assignment"],
+        members={k: MemberRow.from_json(v) for k, v in m["members"].items()}, draining_nodes=m["draining"],
+        peers=m["peers"], effective=m["effective"], events=tuple(m["events"]), now=m["now"], **common)
 
 
 @attrs.frozen

@@ -112,19 +112,16 @@ class FaultContext:
                             timeout_s=self.restore_timeout_s + 10)
 
     async def node_pid(self, node: str) -> int | None:
-        """The node's PID from the fleet view (``nodes[].pid``), if the fleet reports it."""
+        """The node's PID from the fleet view, if the fleet reports it (a process we started)."""
         assert self.fleet is not None
         view = await self.call(self.fleet.fleet_view, timeout_s=VIEW_TIMEOUT_S * 3)
-        for n in view.get("nodes", []):
-            if str(n.get("id")) == node and isinstance(n.get("pid"), int):
-                return int(n["pid"])
-        return None
+        row = view.node(node)
+        return row.pid if row is not None else None
 
     async def live_nodes(self) -> list[str]:
         assert self.fleet is not None
         view = await self.call(self.fleet.fleet_view, timeout_s=VIEW_TIMEOUT_S * 3)
-        alive = sorted(str(n["id"]) for n in view.get("nodes", []) if n.get("alive"))
-        return alive or sorted(self.fleet.node_ids)
+        return view.alive_ids() or sorted(self.fleet.node_ids)
 
     async def hold_until(self, fault_ts_ns: int) -> None:
         """Keep a timed fault (freeze, partition) at least ``hold_s`` (a fault parameter)."""
@@ -208,8 +205,7 @@ async def _most_loaded(ctx: FaultContext, exclude: frozenset[str] = frozenset())
     """A live node owning the most identities in the committed table (ties: a seeded choice)."""
     assert ctx.fleet is not None
     view = await ctx.call(ctx.fleet.fleet_view, timeout_s=VIEW_TIMEOUT_S * 3)
-    loads = {str(n["id"]): len(n["identities"]) for n in view.get("nodes", [])
-             if n.get("alive") and str(n["id"]) not in exclude}
+    loads = {n.id: len(n.identities) for n in view.nodes if n.alive and n.id not in exclude}
     if not loads:
         raise FaultFailed("no live node to pick a victim from")
     most = max(loads.values())
@@ -223,15 +219,15 @@ async def _last_node_serves_all(ctx: FaultContext, survivor: str, step: dict[str
     with trio.move_on_after(ctx.react_timeout_s):
         for _ in range(int(ctx.react_timeout_s / 0.1) + 2):
             status = await ctx.call(ctx.fleet.status, survivor, timeout_s=5)
-            owners = (status.get("effective") or {}).get("owners") or {}
-            brokers = {str(b["id"] if isinstance(b, dict) else b) for b in status.get("brokers") or []}
+            owners = status.assignment  # what it advertises now (its serving map, degraded mode included)
+            brokers = {str(b.id) for b in status.brokers}
             if brokers and set(owners) == brokers and set(owners.values()) == {survivor}:
                 step["last_node_serves_all"] = True
                 return
             await trio.sleep(0.1)
     step["last_node_serves_all"] = False
     ctx.errors.append(f"{survivor}, the last node, did not advertise itself for every broker within "
-                      f"{ctx.react_timeout_s:.0f} s: effective owners {owners}")
+                      f"{ctx.react_timeout_s:.0f} s: advertised owners {owners}")
 
 
 async def _cascade(ctx: FaultContext, sig: str,

@@ -22,10 +22,12 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 import trio
 
 from chaos.drills.fault_names import FaultFailed
 from chaos.trace import TraceWriter
+from proxy.status import FleetView, NodeStatus
 
 
 POLL_PERIOD_S = 0.05
@@ -39,31 +41,36 @@ async def in_thread(fn: Callable[..., Any], *args: Any, timeout_s: float,
         return await trio.to_thread.run_sync(lambda: fn(*args), abandon_on_cancel=True, limiter=limiter)
 
 
-def node_up(node: dict[str, Any], view: dict[str, Any]) -> bool:
-    """Whether the *fleet* counts ``node`` as up: the replicated state's verdict when the view
-    carries it (``node["up"]``, or ``view["members"][id]["up"]``), else whether the node answers
-    its admin endpoint (``node["alive"]``)."""
-    if isinstance(node.get("up"), bool):
-        return node["up"]
-    member = (view.get("members") or {}).get(str(node.get("id")))
-    if isinstance(member, dict) and isinstance(member.get("up"), bool):
-        return member["up"]
-    return bool(node.get("alive"))
+@attrs.frozen
+class Observation:
+    """One look at the fleet, as ``ReactionWatcher.observe`` diffs it.
 
+    ``epoch``/``assignment``: the Raft-committed table (a node's data path applies it a
+    moment later, so its advertised epoch may lag); ``up``: whether the *fleet* counts each
+    node as up (the replicated state's verdict; from a fleet view without it, whether the
+    node answers). ``events``/``clock``: the polled node's own event log and the
+    (monotonic, wall) instant the answer arrived, set only when the node's clock was checked
+    against our request; ``sent_wall_ns``: when the request went out.
+    """
 
-def status_view(status: dict[str, Any]) -> dict[str, Any]:
-    """One node's ``/status`` as a view for ``ReactionWatcher.observe``: the Raft-committed table
-    (``committed_assignment``, else ``assignment``), its epoch (``committed_epoch``, else
-    ``epoch``, which is the data path's and may lag the commit by a moment) and the members' up
-    flags."""
-    members = status.get("members") or {}
-    return {
-        "epoch": status.get("committed_epoch", status.get("epoch")),
-        "leader": status.get("leader"),
-        "assignment": status.get("committed_assignment", status.get("assignment")),
-        "members": members,
-        "nodes": [{"id": m, "up": info.get("up")} for m, info in members.items() if isinstance(info, dict)],
-    }
+    epoch: int | None
+    assignment: dict[str, str] | None
+    up: dict[str, bool]
+    events: tuple[dict[str, Any], ...] = ()
+    clock: tuple[float, int] | None = None
+    sent_wall_ns: int | None = None
+
+    @classmethod
+    def of_status(cls, status: NodeStatus, **timing: Any) -> Observation:
+        committed = status.committed_assignment if status.committed_assignment is not None else status.assignment
+        epoch = status.committed_epoch if status.committed_epoch is not None else status.epoch
+        return cls(epoch=epoch, assignment=dict(committed), up={m: r.up for m, r in status.members.items()},
+                   **timing)
+
+    @classmethod
+    def of_view(cls, view: FleetView) -> Observation:
+        return cls(epoch=view.epoch, assignment=dict(view.assignment),
+                   up={n.id: n.up if n.up is not None else n.alive for n in view.nodes})
 
 
 class ReactionWatcher:
@@ -100,10 +107,11 @@ class ReactionWatcher:
         self._limiter = trio.CapacityLimiter(4)
         self._changed = trio.Event()
 
-    async def view(self) -> dict[str, Any] | None:
+    async def view(self) -> Observation | None:
         if self._use_view or not self.node_ids:
             try:
-                return await in_thread(self.fleet.fleet_view, timeout_s=VIEW_TIMEOUT_S, limiter=self._limiter)
+                view = await in_thread(self.fleet.fleet_view, timeout_s=VIEW_TIMEOUT_S, limiter=self._limiter)
+                return Observation.of_view(view)
             except Exception:
                 self.failures += 1
                 return None
@@ -119,25 +127,23 @@ class ReactionWatcher:
                 self.failures += 1
                 self._skip_until[node] = time.monotonic() + self.SKIP_S
                 continue
-            if not status.get("members"):
+            if not status.members:
                 self._use_view = True  # not a fleet member's status: use the fleet view
                 return await self.view()
             recv_mono, recv_wall_ns = time.monotonic(), time.time_ns()
-            leader = status.get("leader")
-            self._hint = str(leader) if leader is not None and str(leader) in self.node_ids else node
-            view = status_view(status)
-            view["_sent_wall_ns"] = send_wall_ns
+            leader = status.leader
+            self._hint = leader if leader is not None and leader in self.node_ids else node
             # The node stamps its events with time.monotonic() (CLOCK_MONOTONIC, one clock for the
             # machine). Trust the mapping only if its "now" falls inside our request.
-            now = status.get("now")
-            if isinstance(now, (int, float)) and send_mono - 0.005 <= now <= recv_mono + 0.005:
-                view["_events"] = [e for e in status.get("events") or [] if isinstance(e, dict)]
-                view["_clock"] = (recv_mono, recv_wall_ns)
-            return view
+            now = status.now
+            if now is not None and send_mono - 0.005 <= now <= recv_mono + 0.005:
+                return Observation.of_status(status, events=status.events, clock=(recv_mono, recv_wall_ns),
+                                             sent_wall_ns=send_wall_ns)
+            return Observation.of_status(status, sent_wall_ns=send_wall_ns)
         self._skip_until.clear()  # nobody answered: try everyone again next time
         return None
 
-    def status(self, node: str) -> dict[str, Any]:
+    def status(self, node: str) -> NodeStatus:
         """``GET /status`` of one node (blocking).
 
         Fast path: one plain ``http.client`` request on a fresh connection to the node's admin
@@ -162,7 +168,7 @@ class ReactionWatcher:
             conn.close()
         if response.status != 200:
             raise FaultFailed(f"{node}: GET /status answered {response.status}")
-        return json.loads(body)
+        return NodeStatus.from_json(json.loads(body))
 
     async def is_alive(self, node: str) -> bool:
         """Whether ``node`` answers its admin endpoint now."""
@@ -181,15 +187,14 @@ class ReactionWatcher:
                 await trio.sleep(0.1)
         return False
 
-    def _fleet_time(self, view: dict[str, Any], match: Callable[[dict[str, Any]], bool], now_ns: int,
+    def _fleet_time(self, view: Observation, match: Callable[[dict[str, Any]], bool], now_ns: int,
                     not_before_ns: int) -> tuple[int, dict[str, Any] | None]:
         """When the fleet itself made the change: the latest matching event of the polled node,
         mapped to wall time, if it lies between the previous poll and now; else the poll time."""
-        clock = view.get("_clock")
-        if clock is None:
+        if view.clock is None:
             return now_ns, None
-        recv_mono, recv_wall_ns = clock
-        for e in reversed(view.get("_events") or []):
+        recv_mono, recv_wall_ns = view.clock
+        for e in reversed(view.events):
             t = e.get("t")
             if isinstance(t, (int, float)) and match(e):
                 wall_ns = recv_wall_ns - int((recv_mono - t) * 1e9)
@@ -198,7 +203,7 @@ class ReactionWatcher:
                 break
         return now_ns, None
 
-    def observe(self, view: dict[str, Any], *, baseline: bool = False) -> None:
+    def observe(self, view: Observation, *, baseline: bool = False) -> None:
         """Diff one view against the last one and write the events (pure apart from the trace).
 
         Timestamps: the fleet's own event time when the polled node recorded the change
@@ -207,11 +212,8 @@ class ReactionWatcher:
         """
         now = time.time_ns()
         not_before = self._last_sent_ns
-        epoch = view.get("epoch")
-        epoch = int(epoch) if isinstance(epoch, int) and not isinstance(epoch, bool) else None
-        for node in view.get("nodes") or []:
-            nid = str(node.get("id"))
-            up = node_up(node, view)
+        epoch = view.epoch
+        for nid, up in view.up.items():
             if not baseline and self.up.get(nid) and not up:
                 ts, e = self._fleet_time(view, lambda e, n=nid: e.get("event") == "committed" and e.get(
                     "command") == "MarkDown" and n in (e.get("nodes") or []), now, not_before)
@@ -219,9 +221,8 @@ class ReactionWatcher:
                 self.trace.fleet("node_down", node=nid, epoch=down_epoch, ts_ns=ts)
                 self.down_at.setdefault(nid, []).append(ts)
             self.up[nid] = up
-        assignment = view.get("assignment")
+        assignment = view.assignment
         if assignment is not None:
-            assignment = {str(k): v for k, v in assignment.items()}
             if not baseline and self.assignment is not None and assignment != self.assignment:
                 # The command that produced this table: committed at the view's epoch (any command:
                 # a MarkDown or Drain may repair the table itself), else the latest Reassign.
@@ -237,8 +238,7 @@ class ReactionWatcher:
                 self.commits_ns.append(ts)
             self.assignment = assignment
         self.epoch = epoch if epoch is not None else self.epoch
-        sent = view.get("_sent_wall_ns")
-        self._last_sent_ns = sent if isinstance(sent, int) else now
+        self._last_sent_ns = view.sent_wall_ns if view.sent_wall_ns is not None else now
         self._changed.set()
         self._changed = trio.Event()
 

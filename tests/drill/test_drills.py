@@ -159,7 +159,7 @@ def test_control_drill_injects_nothing(fleet, tmp_path):
     assert CONTROLS == ("none",)
     # Balanced first: after the drill before (a restart, an undrain) the fleet may still move
     # identities back, at an epoch of its own.
-    epoch_before = fleet.wait_balanced(60)["epoch"]
+    epoch_before = fleet.wait_balanced(60).epoch
     config = DrillConfig(fault="none", out_dir=tmp_path, repeat=2, clients=parse_clients("aiokafka,confluent"),
                          rate=RATE, seed=2000)
     result = run_drill(config, Target.of_fleet(fleet))
@@ -170,7 +170,7 @@ def test_control_drill_injects_nothing(fleet, tmp_path):
     fleet_events = [e["event"] for e in events if e["source"] == "fleet"]
     assert fleet_events.count("fault") == 2 and fleet_events.count("node_back") == 2, context
     assert "node_down" not in fleet_events and "assignment_committed" not in fleet_events, fleet_events
-    assert fleet.fleet_view()["epoch"] == epoch_before
+    assert fleet.fleet_view().epoch == epoch_before
 
 
 def test_cli_drill_run_json(fleet, tmp_path):

@@ -47,11 +47,11 @@ def _wait(condition, timeout: float, what: str):  # type: ignore[no-untyped-def]
 
 def test_every_node_answers_metadata_identically(fleet):
     view = fleet.wait_healthy(30)
-    expected = sorted((int(b), fleet.node_address(owner), 9100 + int(b)) for b, owner in view["assignment"].items())
+    expected = sorted((int(b), fleet.node_address(owner), 9100 + int(b)) for b, owner in view.assignment.items())
     answers = {n: _metadata_brokers(bs) for n, bs in zip(fleet.node_ids, fleet.bootstrap)}
     assert all(a == expected for a in answers.values()), answers
     # Rack-aware: broker N (rack-N) is served by the node in rack-N.
-    assert view["assignment"] == {"1": "p1", "2": "p2", "3": "p3"}
+    assert view.assignment == {"1": "p1", "2": "p2", "3": "p3"}
 
 
 def test_admin_endpoint(fleet):
@@ -68,7 +68,7 @@ def test_admin_endpoint(fleet):
     bad = httpx.post(node.admin_url + "/drain/p2", headers={"Authorization": "Bearer nope"}, timeout=5)
     assert bad.status_code == 401
     assert node.post("/drain/p9").status_code == 404
-    assert fleet.fleet_view()["assignment"] == {"1": "p1", "2": "p2", "3": "p3"}
+    assert fleet.fleet_view().assignment == {"1": "p1", "2": "p2", "3": "p3"}
 
 
 def test_cli_status_json_shape(fleet):
@@ -96,14 +96,14 @@ def test_drain_moves_identities_without_client_errors(fleet, topic_name):
     result = CliRunner().invoke(cli, ["cluster", "drain", "p3", "--state-dir", str(fleet.state_dir)])
     assert result.exit_code == 0, result.output
     view = fleet.fleet_view()
-    assert "p3" not in view["assignment"].values()
+    assert "p3" not in view.assignment.values()
     # The drained node's address keeps working: the survivors stand in for it.
-    _wait(lambda: any(n["standing_in"] for n in fleet.fleet_view()["nodes"]), 10, "stand-ins for p3")
+    _wait(lambda: any(n.standing_in for n in fleet.fleet_view().nodes), 10, "stand-ins for p3")
     assert {h for _, h, _ in _metadata_brokers(f"{fleet.node_address('p3')}:9092")} == {
         fleet.node_address("p1"), fleet.node_address("p2")}
     acks += clients.produce("aiokafka", bs, topic_name, 20, prefix=2)
     assert CliRunner().invoke(cli, ["cluster", "undrain", "p3", "--state-dir", str(fleet.state_dir)]).exit_code == 0
-    _wait(lambda: fleet.fleet_view()["assignment"].get("3") == "p3", 20, "p3 serving broker 3 again")
+    _wait(lambda: fleet.fleet_view().assignment.get("3") == "p3", 20, "p3 serving broker 3 again")
     got = clients.consume("kafka-python", bs, topic_name, f"g-{topic_name}", 40)
     assert sorted(c.value for c in got) == sorted(a.value for a in acks)
 
@@ -134,20 +134,20 @@ def test_cluster_commands_through_any_admin_endpoint(fleet):
     assert no_token.exit_code == 1 and "no admin token" in no_token.output
     wrong = runner.invoke(cli, ["cluster", "drain", "p3", "--admin", url], env={"KPROXY_ADMIN_TOKEN": "wrong"})
     assert wrong.exit_code == 1 and "401" in wrong.output
-    assert fleet.fleet_view()["assignment"] == local["assignment"]
+    assert fleet.fleet_view().assignment == local["assignment"]
     env = {"KPROXY_ADMIN_TOKEN": read_env(fleet.config_path)["KPROXY_ADMIN_TOKEN"]}
     result = runner.invoke(cli, ["cluster", "drain", "p3", "--admin", url], env=env)
     assert result.exit_code == 0, result.output
-    assert "p3" not in fleet.fleet_view()["assignment"].values()
+    assert "p3" not in fleet.fleet_view().assignment.values()
     assert runner.invoke(cli, ["cluster", "undrain", "p3", "--admin", url], env=env).exit_code == 0
     fleet.wait_balanced(30)
     # The drill through the endpoint: the node signals itself (POST /kill); its identities move.
-    epoch = fleet.fleet_view()["epoch"]
+    epoch = fleet.fleet_view().epoch
     result = runner.invoke(cli, ["cluster", "kill-node", "p3", "--admin", url, "--yes"], env=env)
     assert result.exit_code == 0, result.output
     _wait(lambda: not fleet.nodes["p3"].alive(), 10, "p3's process gone")
     view = fleet.wait_healthy(30, allow_dead=True)
-    assert view["epoch"] > epoch and "p3" not in view["assignment"].values()
+    assert view.epoch > epoch and "p3" not in view.assignment.values()
     fleet.restart_node("p3")
     fleet.wait_balanced(30)
 
@@ -196,21 +196,21 @@ def test_kill_two_nodes_then_last_serves_everything_then_rebalance(fleet, topic_
     try:
         producer.acks_since(50, 30)
         view = fleet.wait_healthy(30)
-        before = view["epoch"]
-        first = max(view["nodes"], key=lambda n: (len(n["identities"]), n["id"]))["id"]
+        before = view.epoch
+        first = max(view.nodes, key=lambda n: (len(n.identities), n.id)).id
         result = CliRunner().invoke(cli, ["cluster", "kill-node", first, "--state-dir", str(fleet.state_dir), "--yes"])
         assert result.exit_code == 0, result.output
-        moved = _wait(lambda: (v := fleet.fleet_view())["epoch"] > before and first not in v["assignment"].values()
+        moved = _wait(lambda: (v := fleet.fleet_view()).epoch > before and first not in v.assignment.values()
                       and v, 10, "identities moved off the first victim")
-        assert len(set(moved["assignment"].values())) == 2
+        assert len(set(moved.assignment.values())) == 2
         # Address takeover: the dead node's bootstrap port is served by both survivors, each
         # identity port by that identity's new owner; clients that kept the address get through.
         dead = fleet.node_address(first)
-        standing = _wait(lambda: sorted(a for n in fleet.fleet_view()["nodes"] for a in n["standing_in"])
-                         if all(n["standing_in"] for n in fleet.fleet_view()["nodes"] if n["id"] != first) else None,
+        standing = _wait(lambda: sorted(a for n in fleet.fleet_view().nodes for a in n.standing_in)
+                         if all(n.standing_in for n in fleet.fleet_view().nodes if n.id != first) else None,
                          10, f"survivors standing in for {first}")
         assert standing == sorted([f"{dead}:9092"] * 2 + [f"{dead}:{9100 + b}" for b in (1, 2, 3)]), standing
-        expected = sorted((int(b), fleet.node_address(owner), 9100 + int(b)) for b, owner in moved["assignment"].items())
+        expected = sorted((int(b), fleet.node_address(owner), 9100 + int(b)) for b, owner in moved.assignment.items())
         for port in (9092, 9101, 9102, 9103):
             assert _metadata_brokers(f"{dead}:{port}") == expected
         status = CliRunner().invoke(cli, ["cluster", "status", "--state-dir", str(fleet.state_dir), "--json"])
@@ -221,7 +221,7 @@ def test_kill_two_nodes_then_last_serves_everything_then_rebalance(fleet, topic_
         last = sorted(n for n in fleet.node_ids if n not in (first, second))[0]
         fleet.signal_node(second, "KILL")
         # No quorum any more: after its lease the last node advertises itself for everything.
-        _wait(lambda: set((fleet.status(last).get("assignment") or {}).values()) == {last}, 15,
+        _wait(lambda: set(fleet.status(last).assignment.values()) == {last}, 15,
               f"{last} advertising every identity")
         assert _metadata_brokers(f"{fleet.node_address(last)}:9092") == [
             (b, fleet.node_address(last), 9100 + b) for b in (1, 2, 3)]
@@ -230,9 +230,9 @@ def test_kill_two_nodes_then_last_serves_everything_then_rebalance(fleet, topic_
         fleet.restart_node(first)
         fleet.restart_node(second)
         healed = fleet.wait_healthy(60)
-        _wait(lambda: len(set(fleet.fleet_view()["assignment"].values())) == 3, 30, "identities rebalanced")
-        _wait(lambda: not any(n["standing_in"] for n in fleet.fleet_view()["nodes"]), 20, "stand-ins released")
-        assert healed["leader"] is not None
+        _wait(lambda: len(set(fleet.fleet_view().assignment.values())) == 3, 30, "identities rebalanced")
+        _wait(lambda: not any(n.standing_in for n in fleet.fleet_view().nodes), 20, "stand-ins released")
+        assert healed.leader is not None
         producer.acks_since(50, 30)
     finally:
         producer.stop_flag.set()

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import time
 
+import attrs
 import pytest
 import trio
 
 from chaos.drills.drill import client_specs, describe_error, parse_clients
-from chaos.drills.watcher import ReactionWatcher, node_up, status_view
+from chaos.drills.watcher import Observation, ReactionWatcher
+from proxy.status import FleetView, NodeEndpoint, NodeStatus
 from chaos.drills.netfault import PartitionError, check_address
 from chaos.trace import TraceWriter
 from chaos.clients.paced import Pacer, parse_value, record_value
@@ -64,16 +66,18 @@ def test_pacer_keeps_the_schedule_and_does_not_burst_after_a_stall(monkeypatch):
     assert p.delay_s() == pytest.approx(0.1)
 
 
-def test_node_up_prefers_the_fleets_verdict():
-    assert node_up({"id": "p1", "alive": True, "up": False}, {}) is False
-    assert node_up({"id": "p1", "alive": False}, {"members": {"p1": {"up": True}}}) is True
-    assert node_up({"id": "p1", "alive": False}, {}) is False
-    assert node_up({"id": "p1", "alive": True}, {}) is True
+def test_an_observation_of_a_fleet_view_prefers_the_fleets_verdict():
+    statuses = {"p1": NodeStatus.from_json(_status("p1", "p2", 5, {"1": "p1"}, {"p1": False, "p2": True})),
+                "p2": None, "p3": None}
+    endpoints = [NodeEndpoint(n, f"127.0.0.1{i}") for i, n in enumerate(("p1", "p2", "p3"), 1)]
+    view = FleetView.build(endpoints, statuses, [])
+    # p1 answers but the fleet counts it down; p2 does not answer but the fleet counts it up;
+    # p3 is neither a member nor answering.
+    assert Observation.of_view(view).up == {"p1": False, "p2": True, "p3": False}
 
 
-def _view(epoch, assignment, alive):
-    return {"epoch": epoch, "leader": "p2", "assignment": assignment,
-            "nodes": [{"id": n, "alive": a} for n, a in alive.items()]}
+def _view(epoch, assignment, up):
+    return Observation(epoch=epoch, assignment=assignment, up=up)
 
 
 def test_watcher_writes_node_down_and_assignment_committed(tmp_path):
@@ -102,18 +106,23 @@ def test_watcher_writes_node_down_and_assignment_committed(tmp_path):
 
 
 def _status(node, leader, epoch, committed, up, advertised=None):
-    return {"node": node, "role": "leader" if node == leader else "follower", "leader": leader, "epoch": epoch,
-            "assignment": advertised or committed, "committed_assignment": committed,
-            "members": {m: {"host": "h", "up": u, "draining": False} for m, u in up.items()}}
+    """A member's /status JSON, as a node serves it."""
+    return {"node": node, "pid": 1, "ready": True, "bootstrap": "h:9092", "listeners": [1], "unbound": [],
+            "standing_in": [], "connections": 0, "draining": False, "brokers": [], "admin_endpoints": {},
+            "term": 1, "has_quorum": True,
+            "role": "leader" if node == leader else "follower", "leader": leader, "epoch": epoch,
+            "assignment": advertised or committed, "committed_epoch": epoch, "committed_assignment": committed,
+            "members": {m: {"host": "h", "bootstrap_port": 9092, "up": u, "draining": False} for m, u in up.items()}}
 
 
-def test_status_view_uses_the_committed_table_and_member_flags():
-    v = status_view(_status("p2", "p2", 4, {"1": "p1"}, {"p1": False, "p2": True}, advertised={"1": "p2"}))
-    assert v["assignment"] == {"1": "p1"} and v["epoch"] == 4
-    assert [(n["id"], node_up(n, v)) for n in v["nodes"]] == [("p1", False), ("p2", True)]
+def test_an_observation_of_a_status_uses_the_committed_table_and_member_flags():
+    v = Observation.of_status(NodeStatus.from_json(
+        _status("p2", "p2", 4, {"1": "p1"}, {"p1": False, "p2": True}, advertised={"1": "p2"})))
+    assert v.assignment == {"1": "p1"} and v.epoch == 4
+    assert v.up == {"p1": False, "p2": True}
     # The committed table's epoch, not the data path's (which applies it a moment later).
     lagging = _status("p2", "p2", 4, {"1": "p2"}, {"p1": False, "p2": True}) | {"committed_epoch": 5}
-    assert status_view(lagging)["epoch"] == 5
+    assert Observation.of_status(NodeStatus.from_json(lagging)).epoch == 5
 
 
 class TinyFleet:
@@ -131,7 +140,7 @@ class TinyFleet:
         self.calls.append(node)
         if node == "p1":
             raise TimeoutError("p1 does not answer")
-        return _status(node, "p3", self.epoch, dict(self.committed), dict(self.up))
+        return NodeStatus.from_json(_status(node, "p3", self.epoch, dict(self.committed), dict(self.up)))
 
 
 def test_watcher_polls_the_leader_and_skips_a_silent_node(tmp_path):
@@ -170,9 +179,7 @@ class ClockFleet(TinyFleet):
         self.events = []
 
     def status(self, node):
-        s = super().status(node)
-        s["now"], s["events"] = time.monotonic(), list(self.events)
-        return s
+        return attrs.evolve(super().status(node), now=time.monotonic(), events=tuple(self.events))
 
 
 def test_watcher_takes_the_fleets_own_event_time(tmp_path):

@@ -29,7 +29,7 @@ proxy_id`` with an epoch that grows by one on every accepted change.
   gating, suspicion, the quorum lease, election hastening, the serving map.
 * ``raft`` — the thin ``SyncObj`` subclass (one ``@replicated`` method per
   command) and the tuned pysyncobj configuration.
-* ``node.FleetMember`` — the interface the data path uses, a thin shell that
+* ``member.Member`` — the interface the data path uses, a thin shell that
   executes ``MemberCore``'s actions; ``status.MemberStatus`` its typed status;
   ``standalone`` runs one member driven by JSON lines.
 

@@ -1,8 +1,8 @@
 """``MemberCore``: one fleet member's decisions, sans-IO.
 
 The core takes events and time and returns actions; it reads no clock, draws
-no random number, starts no thread and touches no socket. ``FleetMember``
-(membership/node.py) feeds it from pysyncobj and the heartbeat sockets and
+no random number, starts no thread and touches no socket. ``Member``
+(membership/member.py) feeds it from pysyncobj and the heartbeat sockets and
 executes what it returns; ``membership.sim`` feeds it simulated time and a
 simulated Raft. Inputs, on every tick: ``now``, the live set from heartbeats,
 whether every peer has been heard once, and a :class:`RaftView` (role, leader,

@@ -25,7 +25,7 @@ Order of business:
    paths of the nodes losing identities see one planned move they can drain.
 
 No clock is read here: ``now`` comes from the caller (the real monotonic clock
-in ``FleetMember``, simulated time in the tests).
+in ``Member``, simulated time in the tests).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ order, on the pysyncobj tick thread). Pitfalls handled here (DESIGN §9):
   unreachable node would silently grow the quorum.
 
 Every access to pysyncobj's private, name-mangled internals lives in
-:class:`FleetRaft` (``role``, ``leader_address``, ``send_keepalive``,
+:class:`RaftReplica` (``role``, ``leader_address``, ``send_keepalive``,
 ``hasten_election``, ``subscribe_fd``) and in :func:`bind_outgoing`; they are
 written against pysyncobj ``PINNED_PYSYNCOBJ`` and checked against a real
 ``SyncObj`` by tests/integration/test_raft_private.py.
@@ -82,7 +82,7 @@ def syncobj_conf(config: MemberConfig) -> SyncObjConf:
     return conf
 
 
-class FleetRaft(SyncObj):
+class RaftReplica(SyncObj):
     state: FleetState = FleetState()
 
     def __init__(self, config: MemberConfig) -> None:

@@ -6,7 +6,7 @@ stdout, one JSON object per line:
   {"type": "started", "node", "pid", "t"}
   {"type": "effective", "node", "epoch", "version", "degraded", "owners", "changed_at", "t"}
       after every change of the effective table
-  {"type": "status", "id", "status": {...FleetMember.status()...}, "t"}
+  {"type": "status", "id", "status": {...Member.status()...}, "t"}
   {"type": "result", "id", "op", "ok", "epoch" | "error", "t"}
 stdin, one JSON object per line:
   {"op": "status", "id": 1}
@@ -31,7 +31,7 @@ from typing import Any
 
 from membership.config import ConfigError, MemberConfig
 from membership.serving import ServingMap
-from membership.node import FleetMember
+from membership.member import Member
 from topology import Broker
 
 _print_lock = threading.Lock()
@@ -57,7 +57,7 @@ def _on_sigterm(_signum: int, _frame: Any) -> None:
     raise _Stop
 
 
-def run_op(member: FleetMember, msg: dict[str, Any]) -> None:
+def run_op(member: Member, msg: dict[str, Any]) -> None:
     op, rid = msg.get("op"), msg.get("id")
     try:
         if op == "drain":
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, OSError, ValueError, KeyError) as exc:
         print(f"bad configuration: {exc}", file=sys.stderr)
         return 2
-    member = FleetMember(config)
+    member = Member(config)
     if args.brokers:
         with open(args.brokers) as f:
             member.set_brokers(parse_brokers(json.load(f)))

@@ -1,4 +1,4 @@
-"""``MemberStatus``: what ``FleetMember.status()`` reports, typed; ``to_json()`` is its wire form."""
+"""``MemberStatus``: what ``Member.status()`` reports, typed; ``to_json()`` is its wire form."""
 
 from __future__ import annotations
 

@@ -20,5 +20,5 @@ Bytes go through sans-IO cores and thin asyncio shells around them.
   :mod:`proxy.datapath`, which wires them into one node's
   :class:`proxy.datapath.DataPath`.
 * The process: :mod:`proxy.runtime` (data path + admin endpoint + optional
-  fleet member, joined by :mod:`proxy.fleet`), :mod:`proxy.config`.
+  fleet member, joined by :mod:`proxy.member_link`), :mod:`proxy.config`.
 """

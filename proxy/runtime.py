@@ -35,7 +35,7 @@ class NodeRuntime:
         self.node_id = node_id
         self.local = config.node(node_id)
         self.datapath = DataPath(config, node_id, fleet=config.fleet is not None)
-        self.link: Any = None  # proxy.fleet.FleetLink when [fleet] is configured
+        self.link: Any = None  # proxy.member_link.MemberLink when [fleet] is configured
         self.admin: AdminServer | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stopped = asyncio.Event()
@@ -96,10 +96,10 @@ class NodeRuntime:
         self.loop = asyncio.get_running_loop()
         await self.datapath.start()
         if self.config.fleet is not None:
-            from membership.node import FleetMember
-            from proxy.fleet import FleetLink, member_config
+            from membership.member import Member
+            from proxy.member_link import MemberLink, member_config
 
-            self.link = FleetLink(self.datapath, FleetMember(member_config(self.config, self.node_id)), self.loop)
+            self.link = MemberLink(self.datapath, Member(member_config(self.config, self.node_id)), self.loop)
             await self.loop.run_in_executor(None, self.link.start)  # blocks until Raft is up
             self.loop.run_in_executor(None, self._rejoin)
         if self.local.admin_port is not None:

@@ -1,4 +1,4 @@
-"""FleetMember's Python interface, three members in this process on 127.0.0.21-23."""
+"""Member's Python interface, three members in this process on 127.0.0.21-23."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from membership.config import MemberConfig, MemberSpec
 from membership.heartbeat import Heartbeat
-from membership.node import FleetMember, MembershipError
+from membership.member import Member, MembershipError
 from tests.integration.test_raft import free_port
 from topology import Broker, ProxyNode
 
@@ -37,7 +37,7 @@ def members():
     out = {}
     for p in HOSTS:
         cfg = MemberConfig(node_id=p, members=specs, password="in-process-secret", rebalance_delay=0.3)
-        out[p] = FleetMember(cfg)
+        out[p] = Member(cfg)
     try:
         for m in out.values():
             m.start()
@@ -47,7 +47,7 @@ def members():
             m.stop()
 
 
-def settled(members: dict[str, FleetMember]) -> bool:
+def settled(members: dict[str, Member]) -> bool:
     effs = [m.effective_assignment() for m in members.values()]
     leaders = [m for m in members.values() if m.is_leader()]
     owners = effs[0][1]
@@ -117,7 +117,7 @@ def test_stop_joins_threads_and_closes_sockets():
     port = free_port(host)
     spec = MemberSpec(ProxyNode("solo", host, 9092), host, port)
     before = {t.ident for t in threading.enumerate()}
-    m = FleetMember(MemberConfig(node_id="solo", members=[spec], password="x"))
+    m = Member(MemberConfig(node_id="solo", members=[spec], password="x"))
     m.start()
     m.set_brokers(BROKERS)
     wait_until("a single member leads itself and owns everything",
@@ -142,7 +142,7 @@ def test_start_fails_cleanly_when_the_raft_port_is_taken():
     squatter.listen(1)
     try:
         before = {t.ident for t in threading.enumerate()}
-        m = FleetMember(MemberConfig(node_id="x", members=[MemberSpec(ProxyNode("x", host, 9092), host, port)],
+        m = Member(MemberConfig(node_id="x", members=[MemberSpec(ProxyNode("x", host, 9092), host, port)],
                                      password="pw"))
         with pytest.raises(RuntimeError, match="failed to start"):
             m.start()

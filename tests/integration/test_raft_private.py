@@ -1,4 +1,4 @@
-"""Every pysyncobj private access of ``FleetRaft`` against a real in-process SyncObj.
+"""Every pysyncobj private access of ``RaftReplica`` against a real in-process SyncObj.
 
 The accessors read name-mangled internals of pysyncobj ``PINNED_PYSYNCOBJ``;
 the first test fails on any other version so that an upgrade forces a re-check
@@ -21,7 +21,7 @@ from pysyncobj.version import VERSION
 
 from membership.commands import Drain
 from membership.config import MemberConfig, MemberSpec
-from membership.raft import PINNED_PYSYNCOBJ, FleetRaft, bind_outgoing
+from membership.raft import PINNED_PYSYNCOBJ, RaftReplica, bind_outgoing
 from tests.integration.test_raft import free_port
 from tests.integration.test_raft_inprocess import wait_until
 from topology import ProxyNode
@@ -41,7 +41,7 @@ def test_pysyncobj_is_the_pinned_version():
     assert pysyncobj.SyncObj is not None
 
 
-def _destroy(raft: FleetRaft) -> None:
+def _destroy(raft: RaftReplica) -> None:
     """destroy() is asynchronous: the tick thread closes the sockets. Wait for it, or a
     socket of a later test may get a file descriptor number it is about to close."""
     raft.destroy()
@@ -57,7 +57,7 @@ def _configs(hosts: dict[str, str]) -> dict[str, MemberConfig]:
 def pair():
     """Two members of a two-member group, both running: one leads."""
     configs = _configs({"a": "127.0.0.44", "b": "127.0.0.45"})
-    rafts = {p: FleetRaft(c) for p, c in configs.items()}
+    rafts = {p: RaftReplica(c) for p, c in configs.items()}
     try:
         for r in rafts.values():
             r.waitBinded()
@@ -89,7 +89,7 @@ def test_hasten_election_moves_the_deadline_earlier_only():
     """Three members; the leader goes away; the follower that hastens wins the election
     (the other one waits out its 0.3-0.6 s election timeout)."""
     configs = _configs({"a": "127.0.0.41", "b": "127.0.0.42", "c": "127.0.0.43"})
-    rafts = {p: FleetRaft(c) for p, c in configs.items()}
+    rafts = {p: RaftReplica(c) for p, c in configs.items()}
     try:
         for r in rafts.values():
             r.waitBinded()
@@ -112,7 +112,7 @@ def test_hasten_election_moves_the_deadline_earlier_only():
 
 def test_subscribe_fd_runs_the_callback_on_readable():
     configs = _configs({"a": "127.0.0.46"})
-    raft = FleetRaft(configs["a"])
+    raft = RaftReplica(configs["a"])
     recv = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     send = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:

@@ -47,7 +47,7 @@ def test_standalone_map_advertises_every_bound_identity_here() -> None:
 
 
 def test_proxy_node_matches_the_member_config_table() -> None:
-    from proxy.fleet import member_config
+    from proxy.member_link import member_config
 
     assert tuple(m.node for m in member_config(CONFIG, "p1").members) == proxy_nodes(CONFIG)
     assert proxy_node(CONFIG, "p3") == P3

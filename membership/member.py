@@ -1,10 +1,10 @@
-"""``FleetMember``: one proxy node's membership — the interface the data path uses.
+"""``Member``: one proxy node's membership — the interface the data path uses.
 
 A thin shell: every decision is :class:`membership.control.MemberCore`'s; this
-class owns the threads, the pysyncobj ``FleetRaft``, the heartbeat sockets,
+class owns the threads, the pysyncobj ``RaftReplica``, the heartbeat sockets,
 and executes the core's actions.
 
-Threads (all started by :meth:`FleetMember.start`, all joined by :meth:`stop`):
+Threads (all started by :meth:`Member.start`, all joined by :meth:`stop`):
 
 * the **pysyncobj tick thread** runs Raft and, through a tick callback, the
   core's tick (heartbeat sockets sit in pysyncobj's poller). Nothing in it
@@ -34,7 +34,7 @@ from membership.commands import REJECTED, Command, Drain, Result, Undrain
 from membership.config import MemberConfig
 from membership.control import MemberCore, RaftView
 from membership.heartbeat import Heartbeat
-from membership.raft import FleetRaft
+from membership.raft import RaftReplica
 from membership.serving import ServingMap
 from membership.state import FleetState
 from membership.status import MemberStatus, PeerStatus
@@ -53,7 +53,7 @@ class MembershipError(RuntimeError):
 Subscriber = Callable[[ServingMap], None]
 
 
-class FleetMember:
+class Member:
     def __init__(self, config: MemberConfig) -> None:
         config.validate()
         self.config = config
@@ -63,7 +63,7 @@ class FleetMember:
         self._clock = time.monotonic
         self._addr_to_id = {m.raft_address: m.id for m in config.members}
         self._core = MemberCore(config, self._clock())
-        self._raft: FleetRaft | None = None
+        self._raft: RaftReplica | None = None
         self._hb: Heartbeat | None = None
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
@@ -107,9 +107,9 @@ class FleetMember:
                 log.warning("member thread of %s did not stop within %ss", self.node_id, timeout)
 
     def _run(self) -> None:
-        raft: FleetRaft | None = None
+        raft: RaftReplica | None = None
         try:
-            raft = FleetRaft(self.config)
+            raft = RaftReplica(self.config)
             raft.waitBinded()
         except Exception as exc:  # reported to start()
             self._start_error = exc
@@ -278,7 +278,7 @@ class FleetMember:
         heard_all = all(hb.has_heard(p) for p in hb.peers)
         self._execute(raft, self._core.tick(now, hb.live(now), heard_all, view))
 
-    def _execute(self, raft: FleetRaft, actions: list[control.Action]) -> None:
+    def _execute(self, raft: RaftReplica, actions: list[control.Action]) -> None:
         for action in actions:
             if isinstance(action, control.Emit):
                 # ``ts_ns`` is wall-clock (the drill traces' clock), ``t`` the member's monotonic clock.
@@ -302,7 +302,7 @@ class FleetMember:
 
         return done
 
-    def _plan_callback(self, raft: FleetRaft, action: control.SubmitPlan) -> Callable[[Any, int], None]:
+    def _plan_callback(self, raft: RaftReplica, action: control.SubmitPlan) -> Callable[[Any, int], None]:
         def done(result: Any, err: int) -> None:
             ok = err == FAIL_REASON.SUCCESS and isinstance(result, Result)
             self._execute(raft, self._core.plan_done(action.token, action.command, result if ok else None, err,

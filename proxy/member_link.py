@@ -14,14 +14,14 @@ import logging
 
 from membership.config import ConfigError as MemberConfigError
 from membership.config import MemberConfig, MemberSpec
-from membership.node import FleetMember
+from membership.member import Member
 from membership.serving import ServingMap
 from proxy.config import Config, ConfigError, proxy_nodes
 from proxy.datapath import DataPath
 from proxy.upstream import UpstreamBroker
 from topology import Broker
 
-log = logging.getLogger("kproxy.fleet")
+log = logging.getLogger("kproxy.member_link")
 
 _FIELD = {"raft_min_timeout": "fleet.raft_min_timeout_s", "raft_max_timeout": "fleet.raft_max_timeout_s",
           "suspect_timeout": "fleet.dead_after_s", "quorum_lease": "fleet.lease_s",
@@ -45,10 +45,10 @@ def member_config(config: Config, node_id: str) -> MemberConfig:
         raise ConfigError(_FIELD.get(exc.field, f"fleet.{exc.field}"), str(exc)) from None
 
 
-class FleetLink:
-    """Connects one node's DataPath to its FleetMember: the member's map in, the discovered brokers out."""
+class MemberLink:
+    """Connects one node's DataPath to its Member: the member's map in, the discovered brokers out."""
 
-    def __init__(self, datapath: DataPath, member: FleetMember, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, datapath: DataPath, member: Member, loop: asyncio.AbstractEventLoop) -> None:
         self.datapath = datapath
         self.member = member
         self.loop = loop

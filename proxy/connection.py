@@ -21,12 +21,9 @@ connection, learning unknown brokers, the drain.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import itertools
 import logging
 import os
-import struct
-import termios
 from typing import TYPE_CHECKING
 
 from proxy.buffers import ReadBuffers, read_buffers
@@ -41,18 +38,6 @@ if TYPE_CHECKING:
     from proxy.registry import ConnectionRegistry
 
 log = logging.getLogger("kproxy.proxy")
-
-
-def unread_bytes(transport: asyncio.BaseTransport) -> int:
-    """Bytes the kernel holds for ``transport``'s socket that it has not read
-    yet (FIONREAD); 0 when that cannot be told."""
-    sock = transport.get_extra_info("socket")
-    if sock is None:
-        return 0
-    try:
-        return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
-    except (OSError, ValueError):  # closed meanwhile
-        return 0
 
 
 class Pair:

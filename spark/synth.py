@@ -170,7 +170,67 @@ def _build_run(spec: SynthSpec, rng: np.random.Generator, run_id: str, run_start
     rec_acked = acked.reshape(-1)
     latency = period // 2
 
-    # -- consumers: every acked record to one consumer per group
+    consumers = _consumer_deliveries(spec, rng, run_id, rec_producer, rec_seq, rec_ack, rec_acked, latency, fault_ts)
+
+    # -- client event arrays
+    n_rec = len(rec_seq)
+    rec_idx = np.arange(n_rec)
+    d_rec, d_cons, d_ts = consumers.record, consumers.consumer, consumers.ts
+    ev_rec = np.concatenate([rec_idx, rec_idx, d_rec])
+    ev_code = np.concatenate([np.zeros(n_rec, np.int8), np.where(rec_acked, 1, 2).astype(np.int8), np.full(len(d_rec), 3, np.int8)])
+    ev_ts = np.concatenate([rec_ack - latency, rec_ack, d_ts])
+    # client index: producers 0..P-1, consumers P..
+    ev_client = np.concatenate([rec_producer, rec_producer, spec.producers + d_cons])
+    clients = producer_ids + consumers.ids
+    families = [FAMILIES[p % len(FAMILIES)] for p in range(spec.producers)] + consumers.families
+    client_group = [-1] * spec.producers + consumers.groups
+    order = np.lexsort((ev_ts, ev_client))
+    ev_rec, ev_code, ev_ts, ev_client = ev_rec[order], ev_code[order], ev_ts[order], ev_client[order]
+
+    table = pa.concat_tables(
+        [
+            _client_table(spec, run_id, clients, families, client_group, rec_producer, rec_seq, producer_ids, ev_rec, ev_code, ev_ts, ev_client),
+            pa.Table.from_pylist(fleet_rows, schema=arrow_schema()),
+        ]
+    )
+
+    rto_truth = _rto_truth(spec, run_id, clients, families, ev_client, ev_ts, ev_code, fault_ts, drill_starts,
+                           drill_ends, fault_names)
+    lost_truth = {(run_id, spec.topic, f"{producer_ids[rec_producer[r]]}-{rec_seq[r]}", int(rec_seq[r])) for r in consumers.lost}
+    dup_truth = {
+        (run_id, spec.topic, f"g{g}", f"{producer_ids[rec_producer[r]]}-{rec_seq[r]}", int(rec_seq[r])): 2
+        for r, g in zip(consumers.duplicated, consumers.duplicated_groups)
+    }
+    return {
+        "table": table,
+        "rto": rto_truth,
+        "failover": failover_truth,
+        "lost": lost_truth,
+        "duplicated": dup_truth,
+        "producer_gaps": producer_gaps,
+    }
+
+
+@attrs.frozen
+class _Consumers:
+    """The consumers of every group and what they read: one delivery per (record, consumer, ts)."""
+
+    ids: list[str]
+    groups: list[int]  # group index of each consumer
+    families: list[str]
+    record: np.ndarray  # per delivery: record index
+    consumer: np.ndarray  # per delivery: consumer index (into ids)
+    ts: np.ndarray  # per delivery
+    lost: np.ndarray  # acked records no group reads
+    duplicated: np.ndarray  # records one group reads twice …
+    duplicated_groups: np.ndarray  # … and which group
+
+
+def _consumer_deliveries(spec: SynthSpec, rng: np.random.Generator, run_id: str, rec_producer: np.ndarray,
+                         rec_seq: np.ndarray, rec_ack: np.ndarray, rec_acked: np.ndarray, latency: int,
+                         fault_ts: list[int]) -> _Consumers:
+    """Every acked record but the lost ones to one consumer per group, each consumer holding its
+    deliveries back over a planted gap around every fault; the duplicated ones twice to one group."""
     consumer_ids: list[str] = []
     consumer_group: list[int] = []
     consumer_family: list[str] = []
@@ -201,46 +261,17 @@ def _build_run(spec: SynthSpec, rng: np.random.Generator, run_id: str, run_start
         deliveries.append(
             (np.concatenate([kept, extra]), np.concatenate([owner, extra_owner]), np.concatenate([ts, extra_ts]))
         )
-
-    # -- client event arrays
-    n_rec = len(rec_seq)
-    rec_idx = np.arange(n_rec)
-    d_rec = np.concatenate([x[0] for x in deliveries])
-    d_cons = np.concatenate([x[1] for x in deliveries])
-    d_ts = np.concatenate([x[2] for x in deliveries])
-    ev_rec = np.concatenate([rec_idx, rec_idx, d_rec])
-    ev_code = np.concatenate([np.zeros(n_rec, np.int8), np.where(rec_acked, 1, 2).astype(np.int8), np.full(len(d_rec), 3, np.int8)])
-    ev_ts = np.concatenate([rec_ack - latency, rec_ack, d_ts])
-    # client index: producers 0..P-1, consumers P..
-    ev_client = np.concatenate([rec_producer, rec_producer, spec.producers + d_cons])
-    clients = producer_ids + consumer_ids
-    families = [FAMILIES[p % len(FAMILIES)] for p in range(spec.producers)] + consumer_family
-    client_group = [-1] * spec.producers + consumer_group
-    order = np.lexsort((ev_ts, ev_client))
-    ev_rec, ev_code, ev_ts, ev_client = ev_rec[order], ev_code[order], ev_ts[order], ev_client[order]
-
-    table = pa.concat_tables(
-        [
-            _client_table(spec, run_id, clients, families, client_group, rec_producer, rec_seq, producer_ids, ev_rec, ev_code, ev_ts, ev_client),
-            pa.Table.from_pylist(fleet_rows, schema=arrow_schema()),
-        ]
+    return _Consumers(
+        ids=consumer_ids,
+        groups=consumer_group,
+        families=consumer_family,
+        record=np.concatenate([x[0] for x in deliveries]),
+        consumer=np.concatenate([x[1] for x in deliveries]),
+        ts=np.concatenate([x[2] for x in deliveries]),
+        lost=lost_records,
+        duplicated=dup_records,
+        duplicated_groups=dup_groups,
     )
-
-    rto_truth = _rto_truth(spec, run_id, clients, families, ev_client, ev_ts, ev_code, fault_ts, drill_starts,
-                           drill_ends, fault_names)
-    lost_truth = {(run_id, spec.topic, f"{producer_ids[rec_producer[r]]}-{rec_seq[r]}", int(rec_seq[r])) for r in lost_records}
-    dup_truth = {
-        (run_id, spec.topic, f"g{g}", f"{producer_ids[rec_producer[r]]}-{rec_seq[r]}", int(rec_seq[r])): 2
-        for r, g in zip(dup_records, dup_groups)
-    }
-    return {
-        "table": table,
-        "rto": rto_truth,
-        "failover": failover_truth,
-        "lost": lost_truth,
-        "duplicated": dup_truth,
-        "producer_gaps": producer_gaps,
-    }
 
 
 def _fleet_events(spec: SynthSpec, rng: np.random.Generator, run_id: str, drill_starts: list[int],

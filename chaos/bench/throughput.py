@@ -297,6 +297,187 @@ def _split(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+_BATCHINGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
+    ("small_batches", "small", {}),
+    ("1mb_batches", "1mb", {"batch.size": 1 << 20, "linger.ms": 20, "max.request.size": 2 << 20}),
+)
+
+
+class _Bench:
+    """One :func:`run`: the processes it starts (the brokers unless given a bootstrap, the relay,
+    the proxy, the proxy without splice), what measures them, the results, one method per phase.
+    :meth:`stop` stops what is still running, each by its handle."""
+
+    def __init__(self, tmp: Path, *, records: int, rounds: int, fetch_rounds: int, proxy_ip: str,
+                 progress: Callable[[str], None]) -> None:
+        self.tmp = tmp
+        self.records = records
+        self.rounds = rounds
+        self.fetch_rounds = fetch_rounds
+        self.proxy_ip = proxy_ip
+        self.proxied_bs = f"{proxy_ip}:9092"
+        self.progress = progress
+        self.bootstrap = ""
+        self.cluster: KafkaCluster | None = None
+        self.relay: RelayProcess | None = None
+        self.relay_ps: psutil.Process | None = None
+        self.node: NodeProcess | None = None
+        self.nosplice: NodeProcess | None = None
+        self.machine = _Machine([])
+        self.phases: _Phases | None = None
+        self.nosplice_phases: _Phases | None = None
+        self.results: dict[str, Any] = {}
+
+    def start_brokers(self, bootstrap: str | None, relay: bool) -> bool:
+        """A local 3-broker Kafka unless given ``bootstrap``; returns whether the relay arm runs."""
+        relay_ip = ".".join(self.proxy_ip.split(".")[:3] + [str(int(self.proxy_ip.split(".")[-1]) + 2)])
+        if bootstrap is None:
+            base = free_base_port(3)
+            self.progress("starting a local 3-broker Kafka")
+            self.cluster = KafkaCluster(self.tmp / "kafka", 3, base_port=base,
+                                        relay_host=relay_ip if relay else None).start()
+            bootstrap = self.cluster.bootstrap_servers
+        elif relay:
+            self.progress("no relay baseline with --bootstrap (it needs brokers that advertise the relay)")
+            relay = False
+        self.bootstrap = bootstrap
+        self.machine = _Machine(list(self.cluster.pids.values()) if self.cluster is not None else [])
+        return relay
+
+    def start_arms(self, relay: bool, limits: dict[str, int], compare_splice: bool) -> None:
+        """The relay (``relay``), the proxy, and the proxy without splice (``compare_splice``)."""
+        if relay:
+            assert self.cluster is not None
+            self.relay = RelayProcess(self.cluster, self.tmp / "relay.log").start()
+            self.relay_ps = psutil.Process(self.relay.pid)
+        first_ip = int(self.proxy_ip.split(".")[-1])
+        brokers = self.bootstrap.split(",")
+        cfg = fleet_config(self.tmp / "fleet.toml", brokers, 1, first_ip=first_ip,
+                           fleet=False, log_format="json", extra={"limits": limits} if limits else None)
+        self.node = NodeProcess(cfg, "p1", self.proxy_ip, 9400, self.tmp / "p1.log").start()
+        self.node.wait_ready(60)
+        self.phases = _Phases(_ProxyMeter(self.node), self.machine)
+        if compare_splice:  # the same proxy without splice, on other ports of the same address
+            cfg2 = fleet_config(self.tmp / "nosplice.toml", brokers, 1, first_ip=first_ip,
+                                fleet=False, log_format="json", bootstrap_port=9093, port_base=9600,
+                                admin_port=9401, extra={"limits": {**limits, "splice_min_bytes": 0}})
+            self.nosplice = NodeProcess(cfg2, "p1", self.proxy_ip, 9401, self.tmp / "p1-nosplice.log").start()
+            self.nosplice.wait_ready(60)
+            self.nosplice_phases = _Phases(_ProxyMeter(self.nosplice), self.machine, arm="nosplice")
+
+    def batching(self, name: str, short: str, props: dict[str, Any]) -> None:
+        """Produce throughput, then fetch throughput, with one batching: alternating direct and
+        proxied runs, each to its own topic."""
+        assert self.phases is not None
+        phases, bootstrap, records = self.phases, self.bootstrap, self.records
+        suffix = uuid.uuid4().hex[:6]
+        topics = {"direct": f"bench-{name}-direct-{suffix}", "proxy": f"bench-{name}-proxy-{suffix}"}
+        for t in topics.values():
+            kafka_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap, "--create",
+                       "--topic", t, "--partitions", "6", "--replication-factor", "3")
+        self.progress(f"produce throughput, {name}")
+        d, p = _alternate(
+            self.rounds,
+            lambda: phases.direct(lambda: producer_perf(bootstrap, topics["direct"], records, 1024, props=props)),
+            lambda: phases.proxied(f"produce_{short}", lambda: producer_perf(
+                self.proxied_bs, topics["proxy"], records, 1024, props=props)))
+        self.results[f"produce_{name}"] = {"direct_mb_s": [r["mb_per_s"] for r in d],
+                                           "proxy_mb_s": [r["mb_per_s"] for r in p]}
+        self._fetch(name, short, suffix)
+
+    def _fetch(self, name: str, short: str, suffix: str) -> None:
+        assert self.phases is not None
+        phases, phase = self.phases, f"fetch_{short}"
+        self.progress(f"fetch throughput, {name}")
+        # Both ways read both topics: the same bytes, twice the data of one topic per run.
+        include = f"bench-{name}-(direct|proxy)-{suffix}"
+        total = 2 * self.records * self.rounds
+
+        def read_via(bootstrap: str) -> Callable[[], dict]:
+            return lambda: consumer_perf(bootstrap, "", total, include=include)
+
+        others: dict[str, Callable[[], dict]] = {"proxy": lambda: phases.proxied(phase, read_via(self.proxied_bs))}
+        nosplice_phases, relay, relay_ps = self.nosplice_phases, self.relay, self.relay_ps
+        if nosplice_phases is not None:
+            others["nosplice"] = lambda: nosplice_phases.proxied(phase, read_via(f"{self.proxy_ip}:9093"))
+        if relay is not None:
+            others["relay"] = lambda: self.machine.run(phase, "relay", read_via(relay.bootstrap), hop=relay_ps)
+        d, arms = _alternate_arms(self.fetch_rounds, lambda: phases.direct(read_via(self.bootstrap), phase=phase),
+                                  others)
+        if nosplice_phases is not None:
+            self.results[f"fetch_{name}_nosplice"] = {"proxy_mb_s": [r["mb_per_s"] for r in arms["nosplice"]]}
+        if relay is not None:
+            self.results[f"fetch_{name}_relay"] = {"relay_mb_s": [r["mb_per_s"] for r in arms["relay"]]}
+        self.results[f"fetch_{name}"] = {"direct_mb_s": [r["mb_per_s"] for r in d],
+                                         "proxy_mb_s": [r["mb_per_s"] for r in arms["proxy"]]}
+
+    def produce_latency(self) -> tuple[list, list]:
+        """Produce runs at a fixed, modest rate, direct and proxied: their latency summaries."""
+        self.progress("produce latency at 2,000 records/s")
+        lat_topic = f"bench-latency-{uuid.uuid4().hex[:6]}"
+        kafka_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", self.bootstrap, "--create",
+                   "--topic", lat_topic, "--partitions", "6", "--replication-factor", "3")
+        return _alternate(self.rounds,
+                          lambda: producer_perf(self.bootstrap, lat_topic, 20_000, 1024, throughput=2000),
+                          lambda: producer_perf(self.proxied_bs, lat_topic, 20_000, 1024, throughput=2000))
+
+    def stop_proxies(self) -> None:
+        """After the last run: what the proxy spliced, then both proxies stopped."""
+        assert self.node is not None
+        self.results["spliced_gb"] = round(_spliced_bytes(self.node) / 1e9, 3)
+        self.node.stop()
+        if self.nosplice is not None:
+            self.nosplice.stop()
+
+    def stop(self) -> None:
+        """Whatever still runs (after a failure), each by its handle: the relay, the proxy
+        without splice, the brokers."""
+        if self.relay is not None:
+            self.relay.stop()
+        if self.nosplice is not None and self.nosplice.alive():
+            self.nosplice.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
+
+    def figures(self, latency: tuple[list, list], rewrite_us: dict[int, float], load_before: list[float],
+                relay: bool) -> dict[str, Any]:
+        """The results with the figures computed from them: ratios, CPU per GB, latency, targets."""
+        assert self.phases is not None
+        results, (d, p) = self.results, latency
+
+        def ratio(key: str) -> float:
+            r = results[key]
+            return round(statistics.median(r["proxy_mb_s"]) / statistics.median(r["direct_mb_s"]), 3)
+
+        results.update({
+            "produce_ratio": min(ratio("produce_small_batches"), ratio("produce_1mb_batches")),
+            "fetch_ratio": min(ratio("fetch_small_batches"), ratio("fetch_1mb_batches")),
+            "produce_ratio_by_batching": {k: ratio(f"produce_{k}") for k in ("small_batches", "1mb_batches")},
+            "fetch_ratio_by_batching": {k: ratio(f"fetch_{k}") for k in ("small_batches", "1mb_batches")},
+            **self.phases.report(),
+            "machine_by_phase": self.machine.report(results["record_bytes"]),
+            "latency_direct_ms": {"p50": statistics.median(r["p50_ms"] for r in d),
+                                  "p99": statistics.median(r["p99_ms"] for r in d)},
+            "latency_proxy_ms": {"p50": statistics.median(r["p50_ms"] for r in p),
+                                 "p99": statistics.median(r["p99_ms"] for r in p)},
+            "metadata_rewrite_us": {str(k): round(v, 1) for k, v in rewrite_us.items()},
+            "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
+        })
+        if self.nosplice_phases is not None:
+            results["nosplice"] = _nosplice_figures(results, self.phases, self.nosplice_phases)
+        if relay:
+            results.update(_relay_figures(results))
+        results["latency_added_ms"] = {q: round(results["latency_proxy_ms"][q] - results["latency_direct_ms"][q], 2)
+                                       for q in ("p50", "p99")}
+        results["targets"] = {
+            "produce_ratio>=0.90": results["produce_ratio"] >= 0.90,
+            "fetch_ratio>=0.90": results["fetch_ratio"] >= 0.90,
+            "proxy_cpu_s_per_gb<=1": results["proxy_cpu_s_per_gb"] <= 1.0,
+            "metadata_rewrite_10k_us<=1000": rewrite_us.get(10_000, 0.0) <= 1000,
+        }
+        return results
+
+
 def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2, fetch_rounds: int | None = None,
         partitions: tuple[int, ...] = (100, 1000, 10_000, 50_000), progress: Callable[[str], None] = print,
         proxy_ip: str = "127.0.0.31", fetch_max_version: int | None = None, splice_min_bytes: int | None = None,
@@ -305,141 +486,32 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
 
     fetch_rounds = fetch_rounds or 2 * rounds
     load_before = [round(x, 2) for x in os.getloadavg()]
+    limits: dict[str, int] = {}
+    if fetch_max_version:
+        limits["fetch_max_version"] = fetch_max_version
+    if splice_min_bytes is not None:
+        limits["splice_min_bytes"] = splice_min_bytes
 
     with tempfile.TemporaryDirectory(prefix="kproxy-bench-") as tmp:
-        cluster = None
-        relay_ip = ".".join(proxy_ip.split(".")[:3] + [str(int(proxy_ip.split(".")[-1]) + 2)])
-        if bootstrap is None:
-            base = free_base_port(3)
-            progress("starting a local 3-broker Kafka")
-            cluster = KafkaCluster(Path(tmp) / "kafka", 3, base_port=base,
-                                   relay_host=relay_ip if relay else None).start()
-            bootstrap = cluster.bootstrap_servers
-        elif relay:
-            progress("no relay baseline with --bootstrap (it needs brokers that advertise the relay)")
-            relay = False
-        nosplice = None
-        relay_proc: RelayProcess | None = None
-        machine = _Machine(list(cluster.pids.values()) if cluster is not None else [])
+        bench = _Bench(Path(tmp), records=records, rounds=rounds, fetch_rounds=fetch_rounds, proxy_ip=proxy_ip,
+                       progress=progress)
+        relay = bench.start_brokers(bootstrap, relay)
         try:
-            if relay:
-                assert cluster is not None
-                relay_proc = RelayProcess(cluster, Path(tmp) / "relay.log").start()
-                relay_ps = psutil.Process(relay_proc.pid)
-            limits: dict[str, int] = {}
-            if fetch_max_version:
-                limits["fetch_max_version"] = fetch_max_version
-            if splice_min_bytes is not None:
-                limits["splice_min_bytes"] = splice_min_bytes
-            first_ip = int(proxy_ip.split(".")[-1])
-            cfg = fleet_config(Path(tmp) / "fleet.toml", bootstrap.split(","), 1, first_ip=first_ip,
-                               fleet=False, log_format="json", extra={"limits": limits} if limits else None)
-            node = NodeProcess(cfg, "p1", proxy_ip, 9400, Path(tmp) / "p1.log").start()
-            node.wait_ready(60)
-            proxied_bs = f"{proxy_ip}:9092"
-            phases = _Phases(_ProxyMeter(node), machine)
-            if compare_splice:  # the same proxy without splice, on other ports of the same address
-                cfg2 = fleet_config(Path(tmp) / "nosplice.toml", bootstrap.split(","), 1, first_ip=first_ip,
-                                    fleet=False, log_format="json", bootstrap_port=9093, port_base=9600,
-                                    admin_port=9401, extra={"limits": {**limits, "splice_min_bytes": 0}})
-                nosplice = NodeProcess(cfg2, "p1", proxy_ip, 9401, Path(tmp) / "p1-nosplice.log").start()
-                nosplice.wait_ready(60)
-                nosplice_phases = _Phases(_ProxyMeter(nosplice), machine, arm="nosplice")
-            results: dict[str, Any] = {"records": records, "record_bytes": 1024, "rounds": rounds,
-                                       "fetch_rounds": fetch_rounds,
-                                       "fetch_records_per_run": 2 * records * rounds,
-                                       "fetch_max_version": fetch_max_version or "default",
-                                       "splice_min_bytes": "default" if splice_min_bytes is None else splice_min_bytes}
-            for name, short, props in (("small_batches", "small", {}),
-                                       ("1mb_batches", "1mb", {"batch.size": 1 << 20, "linger.ms": 20,
-                                                               "max.request.size": 2 << 20})):
-                suffix = uuid.uuid4().hex[:6]
-                topics = {"direct": f"bench-{name}-direct-{suffix}", "proxy": f"bench-{name}-proxy-{suffix}"}
-                for t in topics.values():
-                    kafka_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap, "--create",
-                               "--topic", t, "--partitions", "6", "--replication-factor", "3")
-                progress(f"produce throughput, {name}")
-                d, p = _alternate(
-                    rounds,
-                    lambda: phases.direct(lambda: producer_perf(bootstrap, topics["direct"], records, 1024,
-                                                                props=props)),
-                    lambda: phases.proxied(f"produce_{short}", lambda: producer_perf(
-                        proxied_bs, topics["proxy"], records, 1024, props=props)))
-                results[f"produce_{name}"] = {"direct_mb_s": [r["mb_per_s"] for r in d],
-                                              "proxy_mb_s": [r["mb_per_s"] for r in p]}
-                progress(f"fetch throughput, {name}")
-                # Both ways read both topics: the same bytes, twice the data of one topic per run.
-                include = f"bench-{name}-(direct|proxy)-{suffix}"
-                total = 2 * records * rounds
-                direct_fetch = lambda: phases.direct(  # noqa: E731
-                    lambda: consumer_perf(bootstrap, "", total, include=include), phase=f"fetch_{short}")
-                others: dict[str, Callable[[], dict]] = {"proxy": lambda: phases.proxied(
-                    f"fetch_{short}", lambda: consumer_perf(proxied_bs, "", total, include=include))}
-                if nosplice is not None:
-                    others["nosplice"] = lambda: nosplice_phases.proxied(f"fetch_{short}", lambda: consumer_perf(
-                        f"{proxy_ip}:9093", "", total, include=include))
-                if relay_proc is not None:
-                    relay_bs = relay_proc.bootstrap
-                    others["relay"] = lambda: machine.run(f"fetch_{short}", "relay", lambda: consumer_perf(
-                        relay_bs, "", total, include=include), hop=relay_ps)
-                d, arms = _alternate_arms(fetch_rounds, direct_fetch, others)
-                if nosplice is not None:
-                    results[f"fetch_{name}_nosplice"] = {"proxy_mb_s": [r["mb_per_s"] for r in arms["nosplice"]]}
-                if relay_proc is not None:
-                    results[f"fetch_{name}_relay"] = {"relay_mb_s": [r["mb_per_s"] for r in arms["relay"]]}
-                results[f"fetch_{name}"] = {"direct_mb_s": [r["mb_per_s"] for r in d],
-                                            "proxy_mb_s": [r["mb_per_s"] for r in arms["proxy"]]}
-            progress("produce latency at 2,000 records/s")
-            lat_topic = f"bench-latency-{uuid.uuid4().hex[:6]}"
-            kafka_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap, "--create",
-                       "--topic", lat_topic, "--partitions", "6", "--replication-factor", "3")
-            d, p = _alternate(rounds, lambda: producer_perf(bootstrap, lat_topic, 20_000, 1024, throughput=2000),
-                              lambda: producer_perf(proxied_bs, lat_topic, 20_000, 1024, throughput=2000))
-            results["spliced_gb"] = round(_spliced_bytes(node) / 1e9, 3)
-            node.stop()
-            if nosplice is not None:
-                nosplice.stop()
+            bench.start_arms(relay, limits, compare_splice)
+            bench.results.update({"records": records, "record_bytes": 1024, "rounds": rounds,
+                                  "fetch_rounds": fetch_rounds, "fetch_records_per_run": 2 * records * rounds,
+                                  "fetch_max_version": fetch_max_version or "default",
+                                  "splice_min_bytes": "default" if splice_min_bytes is None else splice_min_bytes})
+            for name, short, props in _BATCHINGS:
+                bench.batching(name, short, props)
+            latency = bench.produce_latency()
+            bench.stop_proxies()
         finally:
-            if relay_proc is not None:
-                relay_proc.stop()
-            if nosplice is not None and nosplice.alive():
-                nosplice.stop()
-            if cluster is not None:
-                cluster.stop()
-
-    def ratio(key: str) -> float:
-        r = results[key]
-        return round(statistics.median(r["proxy_mb_s"]) / statistics.median(r["direct_mb_s"]), 3)
+            bench.stop()
 
     progress("metadata rewrite cost")
     rewrite_us = bench_metadata_rewrite(partitions)
-    results.update({
-        "produce_ratio": min(ratio("produce_small_batches"), ratio("produce_1mb_batches")),
-        "fetch_ratio": min(ratio("fetch_small_batches"), ratio("fetch_1mb_batches")),
-        "produce_ratio_by_batching": {k: ratio(f"produce_{k}") for k in ("small_batches", "1mb_batches")},
-        "fetch_ratio_by_batching": {k: ratio(f"fetch_{k}") for k in ("small_batches", "1mb_batches")},
-        **phases.report(),
-        "machine_by_phase": machine.report(results["record_bytes"]),
-        "latency_direct_ms": {"p50": statistics.median(r["p50_ms"] for r in d),
-                              "p99": statistics.median(r["p99_ms"] for r in d)},
-        "latency_proxy_ms": {"p50": statistics.median(r["p50_ms"] for r in p),
-                             "p99": statistics.median(r["p99_ms"] for r in p)},
-        "metadata_rewrite_us": {str(k): round(v, 1) for k, v in rewrite_us.items()},
-        "load_average": {"before": load_before, "after": [round(x, 2) for x in os.getloadavg()]},
-    })
-    if nosplice is not None:
-        results["nosplice"] = _nosplice_figures(results, phases, nosplice_phases)
-    if relay:
-        results.update(_relay_figures(results))
-    results["latency_added_ms"] = {q: round(results["latency_proxy_ms"][q] - results["latency_direct_ms"][q], 2)
-                                   for q in ("p50", "p99")}
-    results["targets"] = {
-        "produce_ratio>=0.90": results["produce_ratio"] >= 0.90,
-        "fetch_ratio>=0.90": results["fetch_ratio"] >= 0.90,
-        "proxy_cpu_s_per_gb<=1": results["proxy_cpu_s_per_gb"] <= 1.0,
-        "metadata_rewrite_10k_us<=1000": rewrite_us.get(10_000, 0.0) <= 1000,
-    }
-    return results
+    return bench.figures(latency, rewrite_us, load_before, relay)
 
 
 def _nosplice_figures(results: dict[str, Any], phases: _Phases, nosplice_phases: _Phases) -> dict[str, Any]:

@@ -430,12 +430,13 @@ class _Bench:
             self.nosplice.stop()
 
     def stop(self) -> None:
-        """Whatever still runs (after a failure), each by its handle: the relay, the proxy
-        without splice, the brokers."""
+        """Whatever still runs (after a failure), each by its handle: the relay, the proxies,
+        the brokers."""
         if self.relay is not None:
             self.relay.stop()
-        if self.nosplice is not None and self.nosplice.alive():
-            self.nosplice.stop()
+        for node in (self.node, self.nosplice):
+            if node is not None and node.alive():
+                node.stop()
         if self.cluster is not None:
             self.cluster.stop()
 

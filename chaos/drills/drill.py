@@ -6,6 +6,9 @@ Everything runs in one ``trio.run``: every workload process, the fleet
 watcher and every fault step live in nurseries, so an exception anywhere
 cancels the rest and the processes are always stopped (SIGTERM, then SIGKILL
 after ``stop_timeout_s``). Every wait is for a condition, with a deadline.
+One ``DrillRun`` holds a run (its identity, files, clients and progress); each
+step below is one of its methods. The clients and their processes are in
+``chaos.drills.load``.
 
 1. Create a topic for the run; start one consumer (own group) and one
    producer per (family, role) of ``clients`` (``python -m chaos.clients.workload``,
@@ -39,12 +42,10 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import threading
 import time
 import traceback
-from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -52,27 +53,16 @@ from typing import Any
 import attrs
 import trio
 
+from chaos.clients import FAMILIES, ROLES
 from chaos.drills import faults as faults_mod
 from chaos.drills import summary as drill_summary
+from chaos.drills.load import ClientSpec, DrillError, TraceTail, WorkloadGroup, client_specs, workload_commands
 from chaos.drills.watcher import POLL_PERIOD_S, ReactionWatcher, in_thread
 from chaos.trace import TraceWriter, validate_trace
-from chaos.clients import FAMILIES, ROLES
-from chaos.clients.workload import command
 
 DEFAULT_CLIENTS = tuple((f, r) for f in FAMILIES for r in ("consumer", "producer"))
 TAIL_PERIOD_S = 0.1
 PROGRESS_PERIOD_S = 0.5
-
-
-class DrillError(RuntimeError):
-    """The drill could not run as planned (message says which step)."""
-
-
-class WorkloadExited(DrillError):
-    def __init__(self, client_id: str, returncode: int | None) -> None:
-        super().__init__(f"workload {client_id} exited unexpectedly with code {returncode}")
-        self.client_id = client_id
-        self.returncode = returncode
 
 
 # ------------------------------------------------------------------ config
@@ -122,28 +112,6 @@ class DrillConfig:
     on_failover: Callable[[dict[str, Any]], None] | None = attrs.field(default=None, eq=False)
 
 
-@attrs.frozen
-class ClientSpec:
-    family: str
-    role: str
-    client_id: str
-    prefix: int | None = None
-    group: str | None = None
-
-
-def client_specs(clients: tuple[tuple[str, str], ...], run_id: str) -> list[ClientSpec]:
-    specs: list[ClientSpec] = []
-    prefix = 0
-    for family, role in clients:
-        cid = f"{family}-{role}"
-        if role == "producer":
-            prefix += 1
-            specs.append(ClientSpec(family, role, cid, prefix=prefix))
-        else:
-            specs.append(ClientSpec(family, role, cid, group=f"{run_id}-{cid}"))
-    return specs
-
-
 # ------------------------------------------------------------------ target
 @attrs.define
 class Target:
@@ -182,129 +150,6 @@ class Target:
         raise DrillError(f"topic {name} has no leader for every partition after 30 s")
 
 
-# -------------------------------------------------------------- trace tail
-class TraceTail:
-    """Reads the trace files incrementally; answers "has every client succeeded since t?"."""
-
-    def __init__(self, trace_dir: Path) -> None:
-        self.trace_dir = trace_dir
-        self._offsets: dict[Path, int] = {}
-        self._partial: dict[Path, str] = {}
-        self.last_ok_ns: dict[str, int] = {}
-        self.ok_count: dict[str, int] = defaultdict(int)
-        self.errors: dict[str, int] = defaultdict(int)
-        self.acked: set[tuple[str, int]] = set()
-        self.consumed: dict[str, set[tuple[str, int]]] = defaultdict(set)
-
-    def poll(self) -> int:
-        n = 0
-        for path in sorted(self.trace_dir.glob("*.jsonl")):
-            off = self._offsets.get(path, 0)
-            try:
-                with open(path, "rb") as fh:
-                    fh.seek(off)
-                    chunk = fh.read()
-            except FileNotFoundError:
-                continue
-            if not chunk:
-                continue
-            self._offsets[path] = off + len(chunk)
-            text = self._partial.pop(path, "") + chunk.decode("utf-8", "replace")
-            lines = text.split("\n")
-            if lines[-1]:
-                self._partial[path] = lines[-1]
-            for line in lines[:-1]:
-                if line:
-                    self._event(json.loads(line))
-                    n += 1
-        return n
-
-    def _event(self, e: dict[str, Any]) -> None:
-        if e.get("source") != "client":
-            return
-        cid, ev = e["client_id"], e["event"]
-        if ev in ("ack", "consume"):
-            self.last_ok_ns[cid] = max(self.last_ok_ns.get(cid, 0), e["ts_ns"])
-            self.ok_count[cid] += 1
-            if ev == "ack":
-                self.acked.add((e["key"], e["seq"]))
-            else:
-                self.consumed[e["group"] or f"client:{cid}"].add((e["key"], e["seq"]))
-        elif ev == "error":
-            self.errors[cid] += 1
-
-    def lagging(self, clients: list[str], since_ns: int) -> list[str]:
-        """Clients without a success after ``since_ns``."""
-        return [c for c in clients if self.last_ok_ns.get(c, 0) <= since_ns]
-
-    def unread(self, groups: list[str]) -> dict[str, int]:
-        """Per group: acked records it has not read yet."""
-        return {g: len(self.acked - self.consumed.get(g, set())) for g in groups}
-
-
-# ----------------------------------------------------------------- workloads
-class WorkloadGroup:
-    """A set of workload processes with one stop switch (SIGTERM, then SIGKILL after a deadline)."""
-
-    def __init__(self, name: str, cmds: dict[str, list[str]], log_dir: Path, stop_timeout_s: float) -> None:
-        self.name = name
-        self.cmds = cmds
-        self.log_dir = log_dir
-        self.stop_timeout_s = stop_timeout_s
-        self.scope = trio.CancelScope()
-        self.done = trio.Event()
-        self.stopping = False
-        self.pids: dict[str, int] = {}
-        self.exits: dict[str, int | None] = {}
-
-    async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        try:
-            with self.scope:
-                async with trio.open_nursery() as nursery:
-                    for cid, cmd in self.cmds.items():
-                        await nursery.start(self._one, cid, cmd)
-                    task_status.started()
-        finally:
-            self.done.set()
-
-    async def _one(self, cid: str, cmd: list[str], task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
-        log = open(self.log_dir / f"{cid}.log", "ab")
-        try:
-            proc = await trio.lowlevel.open_process(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                                    stdin=subprocess.DEVNULL, start_new_session=True)
-            self.pids[cid] = proc.pid
-            task_status.started()
-            try:
-                await proc.wait()
-            finally:
-                if proc.returncode is None:
-                    with trio.CancelScope(shield=True):
-                        await _terminate(proc, self.stop_timeout_s)
-                self.exits[cid] = proc.returncode
-        finally:
-            log.close()
-        if not self.stopping:
-            raise WorkloadExited(cid, proc.returncode)
-
-    async def stop(self) -> None:
-        self.stopping = True
-        self.scope.cancel()
-        await self.done.wait()
-
-
-async def _terminate(proc: trio.Process, timeout_s: float) -> None:
-    """SIGTERM, wait ``timeout_s``, then SIGKILL: only this process, by its handle."""
-    try:
-        proc.send_signal(signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    with trio.move_on_after(timeout_s):
-        await proc.wait()
-        return
-    proc.kill()
-    await proc.wait()
-
-
 # --------------------------------------------------------------------- drill
 Progress = Callable[[dict[str, Any]], None]
 
@@ -331,102 +176,316 @@ async def run_drill_async(config: DrillConfig, target: Target, progress: Progres
     except faults_mod.FaultUnavailable as exc:
         return {"fault": config.fault, "repeat": config.repeat, "seed": seed, "skipped": True, "reason": str(exc),
                 "passed": None}
-    rng = random.Random(seed)
-    run_id = f"{config.fault}-{seed}-{time.time_ns() // 1_000_000 % 10**9}"
-    run_dir = Path(config.out_dir) / run_id
-    trace_dir, log_dir = run_dir / "trace", run_dir / "logs"
-    trace_dir.mkdir(parents=True, exist_ok=True)
-    log_dir.mkdir(parents=True, exist_ok=True)
-    topic = f"drill-{run_id}"
-    specs = client_specs(config.clients, run_id)
-    manifest = _manifest(config, target, run_id, seed, topic, specs)
-    (run_dir / "drill.json").write_text(json.dumps(manifest, indent=2) + "\n")
-    state: dict[str, Any] = {"phase": "starting", "run_id": run_id, "seed": seed, "fault": config.fault,
-                             "repeat": config.repeat, "drill": 0, "steps": [], "errors": [], "tracebacks": []}
-    fleet_trace = TraceWriter(trace_dir, "fleet", run_id)
-    tail = TraceTail(trace_dir)
-    groups: dict[str, WorkloadGroup] = {}
-    t0 = time.monotonic()
-
-    def report(phase: str | None = None, **extra: Any) -> None:
-        if phase is not None:
-            state["phase"] = phase
-        state.update(extra)
-        state["elapsed_s"] = time.monotonic() - t0
-        state["clients"] = {s.client_id: {"ok": tail.ok_count.get(s.client_id, 0),
-                                          "errors": tail.errors.get(s.client_id, 0)} for s in specs}
-        state["acked"] = len(tail.acked)
-        progress(dict(state))
-
-    try:
-        async with trio.open_nursery() as root:
-            if threading.current_thread() is threading.main_thread():
-                await root.start(_stop_on_signal)
-            report("creating topic")
-            await in_thread(target.create_topic, topic, config.partitions, config.replication,
-                                       timeout_s=120)
-            cmds = _workload_commands(config, target, specs, topic, trace_dir, run_id)
-            for role in ("consumer", "producer"):
-                if cmds[role]:
-                    groups[role] = WorkloadGroup(role, cmds[role], log_dir, config.stop_timeout_s)
-                    await root.start(groups[role].run)
-            manifest["pids"] = {cid: pid for g in groups.values() for cid, pid in g.pids.items()}
-            (run_dir / "drill.json").write_text(json.dumps(manifest, indent=2) + "\n")
-            await _drill_body(config, target, specs, rng, fleet_trace, tail, groups, state, report)
-            root.cancel_scope.cancel()
-    except Exception as exc:  # noqa: BLE001 - reported in the result and the exit code, never swallowed
-        state["errors"].append(describe_error(exc))
-        with open(run_dir / "errors.log", "a") as fh:
-            fh.write("".join(traceback.format_exception(exc)) + "\n")
-    finally:
-        fleet_trace.close()
-    if state["tracebacks"]:
-        with open(run_dir / "errors.log", "a") as fh:
-            fh.write("\n".join(state["tracebacks"]))
-    report("summarizing")
-    invalid = await trio.to_thread.run_sync(validate_trace, trace_dir)
-    result = await trio.to_thread.run_sync(
-        lambda: drill_summary.summarize(trace_dir, fault=config.fault, repeat=config.repeat))
-    workload_exits = {cid: rc for g in groups.values() for cid, rc in g.exits.items()}
-    unclean = {cid: rc for cid, rc in workload_exits.items() if rc != 0}
-    result.update({
-        "run_id": run_id, "seed": seed, "skipped": False, "out_dir": str(run_dir), "trace_dir": str(trace_dir),
-        "topic": topic, "with_fleet": target.fleet is not None, "clients_spec": [s.client_id for s in specs],
-        "steps": state["steps"], "workload_exits": workload_exits, "trace_errors": invalid,
-        "errors": state["errors"] + ([f"workloads exited uncleanly: {unclean}"] if unclean else []),
-        "duration_s": round(time.monotonic() - t0, 3),
-    })
-    result["passed"] = bool(result["healthy"] and not result["errors"] and not invalid)
-    (run_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
-    report("done", passed=result["passed"])
-    return result
+    return await DrillRun.create(config, target, progress, seed).run()
 
 
-def _manifest(config: DrillConfig, target: Target, run_id: str, seed: int, topic: str,
-              specs: list[ClientSpec]) -> dict[str, Any]:
-    """What ``drill.json`` records about the run (the PIDs are added once the clients run)."""
-    return {
-        "run_id": run_id, "fault": config.fault, "repeat": config.repeat, "seed": seed, "topic": topic,
-        "bootstrap": target.bootstrap, "rate": config.rate, "with_fleet": target.fleet is not None,
-        "clients": [attrs.asdict(s) for s in specs],
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in attrs.asdict(config).items()
-                   if not callable(v)},
-    }
+@attrs.frozen
+class ClientProgress:
+    ok: int
+    errors: int
 
 
-def _workload_commands(config: DrillConfig, target: Target, specs: list[ClientSpec], topic: str, trace_dir: Path,
-                       run_id: str) -> dict[str, dict[str, list[str]]]:
-    """{role: {client_id: the command line of its workload process}}."""
-    bootstrap = ",".join(target.bootstrap)
-    return {
-        role: {
-            s.client_id: command(s.role, s.family, bootstrap=bootstrap, topic=topic, trace_dir=trace_dir,
-                                 client_id=s.client_id, run_id=run_id, rate=config.rate, prefix=s.prefix,
-                                 group=s.group, python=config.python)
-            for s in specs if s.role == role
+@attrs.frozen
+class DrillProgress:
+    """One moment of a run, as the progress callback sees it (a copy: the run goes on)."""
+
+    phase: str
+    run_id: str
+    seed: int
+    fault: str
+    repeat: int
+    drill: int  # the current drill, from 1; 0 before the first
+    steps: tuple[dict[str, Any], ...]
+    errors: tuple[str, ...]
+    tracebacks: tuple[str, ...]
+    elapsed_s: float
+    clients: dict[str, ClientProgress]
+    acked: int
+    passed: bool | None = None  # known once the run is done
+
+    def to_json(self) -> dict[str, Any]:
+        """The callback's dict; ``passed`` appears only once it is known."""
+        out: dict[str, Any] = {
+            "phase": self.phase, "run_id": self.run_id, "seed": self.seed, "fault": self.fault,
+            "repeat": self.repeat, "drill": self.drill, "steps": [dict(s) for s in self.steps],
+            "errors": list(self.errors), "tracebacks": list(self.tracebacks), "elapsed_s": self.elapsed_s,
+            "clients": {cid: {"ok": c.ok, "errors": c.errors} for cid, c in self.clients.items()},
+            "acked": self.acked,
         }
-        for role in ROLES
-    }
+        if self.passed is not None:
+            out["passed"] = self.passed
+        return out
+
+
+@attrs.define(eq=False)
+class DrillRun:
+    """One drill run, owned by the trio task that runs it: its identity, files, clients and progress.
+
+    ``run`` is the whole sequence (see the module docstring); each step is a method. Errors of a
+    step are recorded in ``errors`` (tracebacks to ``errors.log``), never raised out of ``run``.
+    """
+
+    config: DrillConfig
+    target: Target
+    progress: Progress
+    seed: int
+    rng: random.Random
+    run_id: str
+    run_dir: Path
+    topic: str
+    specs: list[ClientSpec]
+    fleet_trace: TraceWriter
+    tail: TraceTail
+    clock: Callable[[], float] = time.monotonic
+    started_at: float = attrs.field(init=False)
+    groups: dict[str, WorkloadGroup] = attrs.Factory(dict)
+    phase: str = "starting"
+    drill: int = 0
+    steps: list[dict[str, Any]] = attrs.Factory(list)
+    errors: list[str] = attrs.Factory(list)
+    tracebacks: list[str] = attrs.Factory(list)  # of failed steps, written to errors.log at the end
+    passed: bool | None = None
+
+    def __attrs_post_init__(self) -> None:
+        self.started_at = self.clock()
+
+    @classmethod
+    def create(cls, config: DrillConfig, target: Target, progress: Progress, seed: int,
+               clock: Callable[[], float] = time.monotonic) -> "DrillRun":
+        """A new run: its identity from the fault, the seed and the wall clock; its directories made."""
+        run_id = f"{config.fault}-{seed}-{time.time_ns() // 1_000_000 % 10**9}"
+        run_dir = Path(config.out_dir) / run_id
+        (run_dir / "trace").mkdir(parents=True, exist_ok=True)
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        run = cls(config=config, target=target, progress=progress, seed=seed, rng=random.Random(seed),
+                  run_id=run_id, run_dir=run_dir, topic=f"drill-{run_id}",
+                  specs=client_specs(config.clients, run_id),
+                  fleet_trace=TraceWriter(run_dir / "trace", "fleet", run_id), tail=TraceTail(run_dir / "trace"),
+                  clock=clock)
+        run.write_manifest()
+        return run
+
+    @property
+    def trace_dir(self) -> Path:
+        return self.run_dir / "trace"
+
+    @property
+    def log_dir(self) -> Path:
+        return self.run_dir / "logs"
+
+    @property
+    def client_ids(self) -> list[str]:
+        return [s.client_id for s in self.specs]
+
+    @property
+    def consumer_groups(self) -> list[str]:
+        return [s.group for s in self.specs if s.group is not None]
+
+    # ------------------------------------------------------------ progress
+    def snapshot(self) -> DrillProgress:
+        return DrillProgress(
+            phase=self.phase, run_id=self.run_id, seed=self.seed, fault=self.config.fault,
+            repeat=self.config.repeat, drill=self.drill, steps=tuple(dict(s) for s in self.steps),
+            errors=tuple(self.errors), tracebacks=tuple(self.tracebacks), elapsed_s=self.clock() - self.started_at,
+            clients={cid: ClientProgress(self.tail.ok_count.get(cid, 0), self.tail.errors.get(cid, 0))
+                     for cid in self.client_ids},
+            acked=len(self.tail.acked), passed=self.passed)
+
+    def report(self, phase: str | None = None) -> None:
+        if phase is not None:
+            self.phase = phase
+        self.progress(self.snapshot().to_json())
+
+    # --------------------------------------------------------------- files
+    def manifest(self, pids: dict[str, int] | None = None) -> dict[str, Any]:
+        """What ``drill.json`` records about the run (the PIDs once the clients run)."""
+        config = self.config
+        out: dict[str, Any] = {
+            "run_id": self.run_id, "fault": config.fault, "repeat": config.repeat, "seed": self.seed,
+            "topic": self.topic, "bootstrap": self.target.bootstrap, "rate": config.rate,
+            "with_fleet": self.target.fleet is not None, "clients": [attrs.asdict(s) for s in self.specs],
+            "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in attrs.asdict(config).items()
+                       if not callable(v)},
+        }
+        if pids is not None:
+            out["pids"] = pids
+        return out
+
+    def write_manifest(self, pids: dict[str, int] | None = None) -> None:
+        (self.run_dir / "drill.json").write_text(json.dumps(self.manifest(pids), indent=2) + "\n")
+
+    def _append_errors_log(self, text: str) -> None:
+        with open(self.run_dir / "errors.log", "a") as fh:
+            fh.write(text)
+
+    # --------------------------------------------------------------- steps
+    async def run(self) -> dict[str, Any]:
+        """Workloads, warm-up, the drills, the orderly stop, the summary; return the result."""
+        try:
+            async with trio.open_nursery() as root:
+                if threading.current_thread() is threading.main_thread():
+                    await root.start(_stop_on_signal)
+                await self.start_workloads(root)
+                await self.drive()
+                root.cancel_scope.cancel()
+        except Exception as exc:  # noqa: BLE001 - reported in the result and the exit code, never swallowed
+            self.errors.append(describe_error(exc))
+            self._append_errors_log("".join(traceback.format_exception(exc)) + "\n")
+        finally:
+            self.fleet_trace.close()
+        if self.tracebacks:
+            self._append_errors_log("\n".join(self.tracebacks))
+        return await self.summarize()
+
+    async def start_workloads(self, nursery: trio.Nursery) -> None:
+        """Create the topic, start the consumers, then the producers; record their PIDs."""
+        config = self.config
+        self.report("creating topic")
+        await in_thread(self.target.create_topic, self.topic, config.partitions, config.replication, timeout_s=120)
+        cmds = workload_commands(self.specs, bootstrap=self.target.bootstrap, topic=self.topic,
+                                 trace_dir=self.trace_dir, run_id=self.run_id, rate=config.rate, python=config.python)
+        for role in ("consumer", "producer"):
+            if cmds[role]:
+                self.groups[role] = WorkloadGroup(role, cmds[role], self.log_dir, config.stop_timeout_s)
+                await nursery.start(self.groups[role].run)
+        self.write_manifest({cid: pid for g in self.groups.values() for cid, pid in g.pids.items()})
+
+    async def drive(self) -> None:
+        """Warm-up and the drills; then the orderly stop, also after a failed step."""
+        try:
+            await self.warm_up()
+            await self.drill_loop()
+        except Exception as exc:  # noqa: BLE001 - a failed step: record it, still stop in order
+            self.errors.append(describe_error(exc))
+            self.tracebacks.append("".join(traceback.format_exception(exc)))
+        await self.stop_in_order()
+
+    async def warm_up(self) -> None:
+        self.report("warm-up")
+        clients, timeout_s = self.client_ids, self.config.warmup_timeout_s
+        if not await self.wait_until(lambda: not self.tail.lagging(clients, 0), timeout_s):
+            raise DrillError(f"warm-up: no success within {timeout_s:.0f} s from "
+                             f"{self.tail.lagging(clients, 0)} (see logs/)")
+
+    async def drill_loop(self) -> None:
+        """``repeat`` times: steady load, seeded jitter, the fault."""
+        since_ns = time.time_ns()
+        for i in range(self.config.repeat):
+            self.drill = i + 1
+            await self.wait_steady(since_ns)
+            await trio.sleep(self.rng.uniform(*self.config.jitter_s))  # seeded jitter: the fault instant varies
+            await self.inject()
+            since_ns = time.time_ns()
+
+    async def wait_steady(self, since_ns: int) -> None:
+        """The fleet healthy and every client with a success since ``since_ns`` (the previous drill)."""
+        config, clients = self.config, self.client_ids
+        self.report(f"drill {self.drill}/{config.repeat}: steady")
+        if self.target.fleet is not None:
+            await in_thread(self.target.fleet.wait_healthy, config.restore_timeout_s,
+                            timeout_s=config.restore_timeout_s + 10)
+        if not await self.wait_until(lambda: not self.tail.lagging(clients, since_ns), config.recovery_timeout_s):
+            raise DrillError(f"drill {self.drill}: clients {self.tail.lagging(clients, since_ns)} had no success "
+                             f"within {config.recovery_timeout_s:.0f} s before the fault")
+
+    async def inject(self) -> None:
+        """One fault between ``drill_start`` and ``drill_end``, the fleet watcher polling meanwhile."""
+        config, fleet, trace = self.config, self.target.fleet, self.fleet_trace
+        async with trio.open_nursery() as nursery:
+            watcher = None
+            if fleet is not None:
+                watcher = ReactionWatcher(fleet, trace, period_s=config.poll_period_s)
+                await nursery.start(watcher.run)
+            ctx = faults_mod.FaultContext(
+                fault=config.fault, trace=trace, rng=self.rng, wait_recovered=self.wait_recovered,
+                fleet=fleet, kafka=self.target.kafka, watcher=watcher, hold_s=config.hold_s,
+                react_timeout_s=config.react_timeout_s, restore_timeout_s=config.restore_timeout_s,
+                stop_timeout_s=config.stop_timeout_s, on_failover=config.on_failover)
+            self.report(f"drill {self.drill}/{config.repeat}: fault")
+            # The fleet as the drill found it, for post-mortems (not read by the summaries).
+            before = None if watcher is None else json.dumps(
+                {"epoch": watcher.epoch, "assignment": watcher.assignment, "up": watcher.up}, sort_keys=True)
+            trace.fleet("drill_start", fault=config.fault, detail=before)
+            try:
+                await faults_mod.INJECT[config.fault](ctx)
+            finally:
+                trace.fleet("drill_end", fault=config.fault)
+                for step in ctx.steps:
+                    step["drill"] = self.drill
+                    if watcher is not None:
+                        step["watcher_polls"] = watcher.polls
+                        step["watcher_failures"] = watcher.failures
+                self.steps.extend(ctx.steps)
+                self.errors.extend(ctx.errors)
+                nursery.cancel_scope.cancel()
+
+    async def stop_in_order(self) -> None:
+        """Producers first (they flush), then wait until every group read every acked record, then
+        the consumers: so that "lost" counts records that are really lost."""
+        self.report("stopping producers")
+        if "producer" in self.groups:
+            await self.groups["producer"].stop()
+        groups, timeout_s = self.consumer_groups, self.config.drain_timeout_s
+        self.report("draining consumers")
+        if not await self.wait_until(lambda: not any(self.tail.unread(groups).values()), timeout_s):
+            self.errors.append(f"drain: consumers still missing acked records after "
+                               f"{timeout_s:.0f} s: {self.tail.unread(groups)}")
+        self.report("stopping consumers")
+        if "consumer" in self.groups:
+            await self.groups["consumer"].stop()
+
+    async def summarize(self) -> dict[str, Any]:
+        """Validate and summarize the trace; write ``summary.json``; return the result."""
+        self.report("summarizing")
+        trace_errors = await trio.to_thread.run_sync(validate_trace, self.trace_dir)
+        summary = await trio.to_thread.run_sync(
+            lambda: drill_summary.summarize(self.trace_dir, fault=self.config.fault, repeat=self.config.repeat))
+        result = self.result(summary, trace_errors)
+        (self.run_dir / "summary.json").write_text(json.dumps(result, indent=2) + "\n")
+        self.passed = result["passed"]
+        self.report("done")
+        return result
+
+    def result(self, summary: dict[str, Any], trace_errors: list[Any]) -> dict[str, Any]:
+        """The summary plus the run's fields; passed when healthy, without errors, the trace valid."""
+        workload_exits = {cid: rc for g in self.groups.values() for cid, rc in g.exits.items()}
+        unclean = {cid: rc for cid, rc in workload_exits.items() if rc != 0}
+        result = dict(summary)
+        result.update({
+            "run_id": self.run_id, "seed": self.seed, "skipped": False, "out_dir": str(self.run_dir),
+            "trace_dir": str(self.trace_dir), "topic": self.topic, "with_fleet": self.target.fleet is not None,
+            "clients_spec": self.client_ids, "steps": self.steps, "workload_exits": workload_exits,
+            "trace_errors": trace_errors,
+            "errors": self.errors + ([f"workloads exited uncleanly: {unclean}"] if unclean else []),
+            "duration_s": round(self.clock() - self.started_at, 3),
+        })
+        result["passed"] = bool(result["healthy"] and not result["errors"] and not trace_errors)
+        return result
+
+    # ---------------------------------------------------------------- waits
+    async def wait_recovered(self, since_ns: int) -> bool:
+        """Every client had a success after ``since_ns`` (faults call this); a miss is an error."""
+        clients, timeout_s = self.client_ids, self.config.recovery_timeout_s
+        ok = await self.wait_until(lambda: not self.tail.lagging(clients, since_ns), timeout_s)
+        if not ok:
+            self.errors.append(f"not recovered within {timeout_s:.0f} s of "
+                               f"{since_ns}: {self.tail.lagging(clients, since_ns)}")
+        return ok
+
+    async def wait_until(self, condition: Callable[[], bool], timeout_s: float) -> bool:
+        """Poll the trace every ``TAIL_PERIOD_S`` until ``condition()`` or ``timeout_s``; report meanwhile."""
+        next_report = 0.0
+        with trio.move_on_after(timeout_s):
+            for _ in range(int(timeout_s / TAIL_PERIOD_S) + 2):
+                await trio.to_thread.run_sync(self.tail.poll)
+                if condition():
+                    return True
+                if time.monotonic() >= next_report:
+                    self.report()
+                    next_report = time.monotonic() + PROGRESS_PERIOD_S
+                await trio.sleep(TAIL_PERIOD_S)
+        await trio.to_thread.run_sync(self.tail.poll)
+        return condition()
 
 
 def describe_error(exc: BaseException, limit: int = 1500) -> str:
@@ -460,106 +519,6 @@ async def _stop_on_signal(task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
         task_status.started()
         async for sig in signals:
             raise DrillError(f"drill stopped by signal {signal.Signals(sig).name}")
-
-
-async def _wait_condition(tail: TraceTail, condition: Callable[[], bool], timeout_s: float,
-                          report: Callable[..., None]) -> bool:
-    """Poll the trace every ``TAIL_PERIOD_S`` until ``condition()`` or ``timeout_s``."""
-    next_report = 0.0
-    with trio.move_on_after(timeout_s):
-        for _ in range(int(timeout_s / TAIL_PERIOD_S) + 2):
-            await trio.to_thread.run_sync(tail.poll)
-            if condition():
-                return True
-            if time.monotonic() >= next_report:
-                report()
-                next_report = time.monotonic() + PROGRESS_PERIOD_S
-            await trio.sleep(TAIL_PERIOD_S)
-    await trio.to_thread.run_sync(tail.poll)
-    return condition()
-
-
-async def _drill_body(config: DrillConfig, target: Target, specs: list[ClientSpec], rng: random.Random,
-                      fleet_trace: TraceWriter, tail: TraceTail, groups: dict[str, WorkloadGroup],
-                      state: dict[str, Any], report: Callable[..., None]) -> None:
-    clients = [s.client_id for s in specs]
-
-    async def wait_recovered(since_ns: int) -> bool:
-        ok = await _wait_condition(tail, lambda: not tail.lagging(clients, since_ns), config.recovery_timeout_s,
-                                   report)
-        if not ok:
-            state["errors"].append(f"not recovered within {config.recovery_timeout_s:.0f} s of "
-                                   f"{since_ns}: {tail.lagging(clients, since_ns)}")
-        return ok
-
-    try:
-        report("warm-up")
-        if not await _wait_condition(tail, lambda: not tail.lagging(clients, 0), config.warmup_timeout_s, report):
-            raise DrillError(f"warm-up: no success within {config.warmup_timeout_s:.0f} s from "
-                             f"{tail.lagging(clients, 0)} (see logs/)")
-        await _drills(config, target, clients, rng, fleet_trace, tail, state, report, wait_recovered)
-    except Exception as exc:  # noqa: BLE001 - a failed step: record it, still stop in order
-        state["errors"].append(describe_error(exc))
-        state["tracebacks"].append("".join(traceback.format_exception(exc)))
-    # Orderly stop, also after a failed step, so that "lost" counts records that are really lost.
-    report("stopping producers")
-    if "producer" in groups:
-        await groups["producer"].stop()
-    consumer_groups = [s.group for s in specs if s.group is not None]
-    report("draining consumers")
-    drained = await _wait_condition(tail, lambda: not any(tail.unread(consumer_groups).values()),
-                                    config.drain_timeout_s, report)
-    if not drained:
-        state["errors"].append(f"drain: consumers still missing acked records after "
-                               f"{config.drain_timeout_s:.0f} s: {tail.unread(consumer_groups)}")
-    report("stopping consumers")
-    if "consumer" in groups:
-        await groups["consumer"].stop()
-
-
-async def _drills(config: DrillConfig, target: Target, clients: list[str], rng: random.Random,
-                  fleet_trace: TraceWriter, tail: TraceTail, state: dict[str, Any], report: Callable[..., None],
-                  wait_recovered: Callable[[int], Any]) -> None:
-    """``repeat`` times: steady load, seeded jitter, drill_start, the fault, drill_end."""
-    since_ns = time.time_ns()
-    for i in range(config.repeat):
-        report(f"drill {i + 1}/{config.repeat}: steady", drill=i + 1)
-        if target.fleet is not None:
-            await in_thread(target.fleet.wait_healthy, config.restore_timeout_s,
-                                       timeout_s=config.restore_timeout_s + 10)
-        if not await _wait_condition(tail, lambda: not tail.lagging(clients, since_ns), config.recovery_timeout_s,
-                                     report):
-            raise DrillError(f"drill {i + 1}: clients {tail.lagging(clients, since_ns)} had no success "
-                             f"within {config.recovery_timeout_s:.0f} s before the fault")
-        await trio.sleep(rng.uniform(*config.jitter_s))  # seeded jitter: the fault instant varies
-        async with trio.open_nursery() as nursery:
-            watcher = None
-            if target.fleet is not None:
-                watcher = ReactionWatcher(target.fleet, fleet_trace, period_s=config.poll_period_s)
-                await nursery.start(watcher.run)
-            ctx = faults_mod.FaultContext(
-                fault=config.fault, trace=fleet_trace, rng=rng, wait_recovered=wait_recovered,
-                fleet=target.fleet, kafka=target.kafka, watcher=watcher, hold_s=config.hold_s,
-                react_timeout_s=config.react_timeout_s, restore_timeout_s=config.restore_timeout_s,
-                stop_timeout_s=config.stop_timeout_s, on_failover=config.on_failover)
-            report(f"drill {i + 1}/{config.repeat}: fault")
-            # The fleet as the drill found it, for post-mortems (not read by the summaries).
-            before = None if watcher is None else json.dumps(
-                {"epoch": watcher.epoch, "assignment": watcher.assignment, "up": watcher.up}, sort_keys=True)
-            fleet_trace.fleet("drill_start", fault=config.fault, detail=before)
-            try:
-                await faults_mod.INJECT[config.fault](ctx)
-            finally:
-                fleet_trace.fleet("drill_end", fault=config.fault)
-                for step in ctx.steps:
-                    step["drill"] = i + 1
-                    if watcher is not None:
-                        step["watcher_polls"] = watcher.polls
-                        step["watcher_failures"] = watcher.failures
-                state["steps"].extend(ctx.steps)
-                state["errors"].extend(ctx.errors)
-                nursery.cancel_scope.cancel()
-        since_ns = time.time_ns()
 
 
 def default_out_dir() -> Path:

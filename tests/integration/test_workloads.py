@@ -22,7 +22,8 @@ import pytest
 
 from chaos import trace
 from chaos.drills import summary
-from chaos.drills.drill import DrillConfig, Target, TraceTail, run_drill
+from chaos.drills.drill import DrillConfig, Target, run_drill
+from chaos.drills.load import TraceTail
 from chaos.clients.workload import command
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

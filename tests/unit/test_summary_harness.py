@@ -10,7 +10,8 @@ import attrs
 import pytest
 import trio
 
-from chaos.drills.drill import client_specs, describe_error, parse_clients
+from chaos.drills.drill import describe_error, parse_clients
+from chaos.drills.load import client_specs
 from chaos.drills.watcher import Observation, ReactionWatcher
 from proxy.status import FleetView, NodeEndpoint, NodeStatus
 from chaos.drills.netfault import PartitionError, check_address

@@ -1,0 +1,189 @@
+"""The load under a drill: its clients (``ClientSpec``), their workload processes
+(``WorkloadGroup``: one stop switch, SIGTERM then SIGKILL) and the trace tail that tells
+whether they succeed (``TraceTail``)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import attrs
+import trio
+
+from chaos.clients import ROLES
+from chaos.clients.workload import command
+
+
+class DrillError(RuntimeError):
+    """The drill could not run as planned (message says which step)."""
+
+
+class WorkloadExited(DrillError):
+    def __init__(self, client_id: str, returncode: int | None) -> None:
+        super().__init__(f"workload {client_id} exited unexpectedly with code {returncode}")
+        self.client_id = client_id
+        self.returncode = returncode
+
+
+# ------------------------------------------------------------- client specs
+@attrs.frozen
+class ClientSpec:
+    family: str
+    role: str
+    client_id: str
+    prefix: int | None = None
+    group: str | None = None
+
+
+def client_specs(clients: tuple[tuple[str, str], ...], run_id: str) -> list[ClientSpec]:
+    specs: list[ClientSpec] = []
+    prefix = 0
+    for family, role in clients:
+        cid = f"{family}-{role}"
+        if role == "producer":
+            prefix += 1
+            specs.append(ClientSpec(family, role, cid, prefix=prefix))
+        else:
+            specs.append(ClientSpec(family, role, cid, group=f"{run_id}-{cid}"))
+    return specs
+
+
+def workload_commands(specs: list[ClientSpec], *, bootstrap: list[str], topic: str, trace_dir: Path, run_id: str,
+                      rate: float, python: str) -> dict[str, dict[str, list[str]]]:
+    """{role: {client_id: the command line of its workload process}}."""
+    return {
+        role: {
+            s.client_id: command(s.role, s.family, bootstrap=",".join(bootstrap), topic=topic, trace_dir=trace_dir,
+                                 client_id=s.client_id, run_id=run_id, rate=rate, prefix=s.prefix,
+                                 group=s.group, python=python)
+            for s in specs if s.role == role
+        }
+        for role in ROLES
+    }
+
+
+# -------------------------------------------------------------- trace tail
+class TraceTail:
+    """Reads the trace files incrementally; answers "has every client succeeded since t?"."""
+
+    def __init__(self, trace_dir: Path) -> None:
+        self.trace_dir = trace_dir
+        self._offsets: dict[Path, int] = {}
+        self._partial: dict[Path, str] = {}
+        self.last_ok_ns: dict[str, int] = {}
+        self.ok_count: dict[str, int] = defaultdict(int)
+        self.errors: dict[str, int] = defaultdict(int)
+        self.acked: set[tuple[str, int]] = set()
+        self.consumed: dict[str, set[tuple[str, int]]] = defaultdict(set)
+
+    def poll(self) -> int:
+        n = 0
+        for path in sorted(self.trace_dir.glob("*.jsonl")):
+            off = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(off)
+                    chunk = fh.read()
+            except FileNotFoundError:
+                continue
+            if not chunk:
+                continue
+            self._offsets[path] = off + len(chunk)
+            text = self._partial.pop(path, "") + chunk.decode("utf-8", "replace")
+            lines = text.split("\n")
+            if lines[-1]:
+                self._partial[path] = lines[-1]
+            for line in lines[:-1]:
+                if line:
+                    self._event(json.loads(line))
+                    n += 1
+        return n
+
+    def _event(self, e: dict[str, Any]) -> None:
+        if e.get("source") != "client":
+            return
+        cid, ev = e["client_id"], e["event"]
+        if ev in ("ack", "consume"):
+            self.last_ok_ns[cid] = max(self.last_ok_ns.get(cid, 0), e["ts_ns"])
+            self.ok_count[cid] += 1
+            if ev == "ack":
+                self.acked.add((e["key"], e["seq"]))
+            else:
+                self.consumed[e["group"] or f"client:{cid}"].add((e["key"], e["seq"]))
+        elif ev == "error":
+            self.errors[cid] += 1
+
+    def lagging(self, clients: list[str], since_ns: int) -> list[str]:
+        """Clients without a success after ``since_ns``."""
+        return [c for c in clients if self.last_ok_ns.get(c, 0) <= since_ns]
+
+    def unread(self, groups: list[str]) -> dict[str, int]:
+        """Per group: acked records it has not read yet."""
+        return {g: len(self.acked - self.consumed.get(g, set())) for g in groups}
+
+
+# ----------------------------------------------------------------- workloads
+class WorkloadGroup:
+    """A set of workload processes with one stop switch (SIGTERM, then SIGKILL after a deadline)."""
+
+    def __init__(self, name: str, cmds: dict[str, list[str]], log_dir: Path, stop_timeout_s: float) -> None:
+        self.name = name
+        self.cmds = cmds
+        self.log_dir = log_dir
+        self.stop_timeout_s = stop_timeout_s
+        self.scope = trio.CancelScope()
+        self.done = trio.Event()
+        self.stopping = False
+        self.pids: dict[str, int] = {}
+        self.exits: dict[str, int | None] = {}
+
+    async def run(self, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            with self.scope:
+                async with trio.open_nursery() as nursery:
+                    for cid, cmd in self.cmds.items():
+                        await nursery.start(self._one, cid, cmd)
+                    task_status.started()
+        finally:
+            self.done.set()
+
+    async def _one(self, cid: str, cmd: list[str], task_status: Any = trio.TASK_STATUS_IGNORED) -> None:
+        log = open(self.log_dir / f"{cid}.log", "ab")
+        try:
+            proc = await trio.lowlevel.open_process(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            self.pids[cid] = proc.pid
+            task_status.started()
+            try:
+                await proc.wait()
+            finally:
+                if proc.returncode is None:
+                    with trio.CancelScope(shield=True):
+                        await _terminate(proc, self.stop_timeout_s)
+                self.exits[cid] = proc.returncode
+        finally:
+            log.close()
+        if not self.stopping:
+            raise WorkloadExited(cid, proc.returncode)
+
+    async def stop(self) -> None:
+        self.stopping = True
+        self.scope.cancel()
+        await self.done.wait()
+
+
+async def _terminate(proc: trio.Process, timeout_s: float) -> None:
+    """SIGTERM, wait ``timeout_s``, then SIGKILL: only this process, by its handle."""
+    try:
+        proc.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    with trio.move_on_after(timeout_s):
+        await proc.wait()
+        return
+    proc.kill()
+    await proc.wait()

@@ -1,0 +1,119 @@
+"""DrillRun's pure parts: the progress payload the callbacks read, the manifest and the result.
+No processes: the target is an address nobody dials, the clock is a hand-moved counter."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chaos.drills.drill import ClientProgress, DrillConfig, DrillProgress, DrillRun, Target
+from chaos.drills.load import WorkloadGroup
+
+pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _progress(**overrides: object) -> DrillProgress:
+    fields = dict(phase="drill 1/2: fault", run_id="kill-7-1", seed=7, fault="kill", repeat=2, drill=1,
+                  steps=({"fault": "kill", "node": "n2"},), errors=("late",), tracebacks=(), elapsed_s=3.5,
+                  clients={"java-producer": ClientProgress(ok=4, errors=1)}, acked=4)
+    fields.update(overrides)
+    return DrillProgress(**fields)  # type: ignore[arg-type]
+
+
+def test_progress_json_has_the_keys_the_callbacks_read():
+    assert _progress().to_json() == {
+        "phase": "drill 1/2: fault", "run_id": "kill-7-1", "seed": 7, "fault": "kill", "repeat": 2, "drill": 1,
+        "steps": [{"fault": "kill", "node": "n2"}], "errors": ["late"], "tracebacks": [], "elapsed_s": 3.5,
+        "clients": {"java-producer": {"ok": 4, "errors": 1}}, "acked": 4,
+    }
+    assert _progress(phase="done", passed=False).to_json()["passed"] is False
+
+
+def test_progress_json_is_a_copy():
+    progress = _progress()
+    payload = progress.to_json()
+    payload["steps"][0]["node"] = "changed"
+    payload["errors"].append("more")
+    assert progress.steps[0]["node"] == "n2" and progress.errors == ("late",)
+
+
+@pytest.fixture
+def runs():
+    made: list[DrillRun] = []
+    yield made
+    for run in made:
+        run.fleet_trace.close()
+
+
+def _run(tmp_path: Path, clock: Clock, seen: list[dict], runs: list[DrillRun]) -> DrillRun:
+    config = DrillConfig(fault="none", out_dir=tmp_path, repeat=2,
+                         clients=(("java", "consumer"), ("java", "producer")), on_failover=print)
+    runs.append(DrillRun.create(config, Target(["127.0.0.1:1"]), seen.append, seed=7, clock=clock))
+    return runs[-1]
+
+
+def test_snapshot_counts_the_clients_from_the_trace(tmp_path, runs):
+    clock, seen = Clock(), []
+    run = _run(tmp_path, clock, seen, runs)
+    ack = {"source": "client", "client_id": "java-producer", "event": "ack", "ts_ns": 5, "key": "1", "seq": 0}
+    error = {"source": "client", "client_id": "java-producer", "event": "error", "ts_ns": 6}
+    (run.trace_dir / "java-producer.jsonl").write_text(json.dumps(ack) + "\n" + json.dumps(error) + "\n")
+    run.tail.poll()
+    clock.now += 2.5
+    run.drill = 1
+    run.report("drill 1/2: steady")
+    assert seen == [{
+        "phase": "drill 1/2: steady", "run_id": run.run_id, "seed": 7, "fault": "none", "repeat": 2, "drill": 1,
+        "steps": [], "errors": [], "tracebacks": [], "elapsed_s": 2.5,
+        "clients": {"java-consumer": {"ok": 0, "errors": 0}, "java-producer": {"ok": 1, "errors": 1}},
+        "acked": 1,
+    }]
+
+
+def test_manifest_names_the_run_and_adds_pids_once_known(tmp_path, runs):
+    run = _run(tmp_path, Clock(), [], runs)
+    written = json.loads((run.run_dir / "drill.json").read_text())
+    assert run.run_id.startswith("none-7-") and run.topic == f"drill-{run.run_id}"
+    assert "pids" not in written
+    assert written["clients"][0] == {"family": "java", "role": "consumer", "client_id": "java-consumer",
+                                     "prefix": None, "group": f"{run.run_id}-java-consumer"}
+    assert "on_failover" not in written["config"] and written["config"]["out_dir"] == str(tmp_path)
+    run.write_manifest({"java-producer": 42})
+    assert json.loads((run.run_dir / "drill.json").read_text())["pids"] == {"java-producer": 42}
+
+
+def test_result_fails_on_an_unclean_workload_exit(tmp_path, runs):
+    clock = Clock()
+    run = _run(tmp_path, clock, [], runs)
+    group = WorkloadGroup("producer", {}, run.log_dir, stop_timeout_s=1.0)
+    group.exits.update({"java-producer": 0})
+    run.groups["producer"] = group
+    clock.now += 12.3456
+    clean = run.result({"healthy": True, "lost": 0}, trace_errors=[])
+    assert clean["passed"] is True and clean["errors"] == [] and clean["duration_s"] == 12.346
+    assert clean["lost"] == 0 and clean["clients_spec"] == ["java-consumer", "java-producer"]
+    assert clean["workload_exits"] == {"java-producer": 0} and clean["skipped"] is False
+
+    group.exits["java-producer"] = -9
+    unclean = run.result({"healthy": True, "lost": 0}, trace_errors=[])
+    assert unclean["passed"] is False
+    assert unclean["errors"] == ["workloads exited uncleanly: {'java-producer': -9}"]
+    assert run.errors == []  # the run's own errors are not changed by building a result
+
+
+def test_result_fails_when_unhealthy_or_the_trace_is_invalid(tmp_path, runs):
+    run = _run(tmp_path, Clock(), [], runs)
+    assert run.result({"healthy": False}, trace_errors=[])["passed"] is False
+    assert run.result({"healthy": True}, trace_errors=["line 3: bad"])["passed"] is False
+    run.errors.append("drain: consumers still missing acked records")
+    assert run.result({"healthy": True}, trace_errors=[])["passed"] is False

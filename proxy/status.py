@@ -4,7 +4,7 @@ One place turns them into JSON and back (``to_json`` / ``from_json``); the
 node, the admin client, the local launcher, the drills and the CLI all use
 these types instead of guessing the shape of a dict.
 
-``NodeStatus`` keeps two things apart that a merged dict used to mix up:
+``NodeStatus`` keeps apart two things that look alike:
 ``draining`` is whether *this node's data path* is draining, while
 ``draining_nodes`` is the fleet's committed list of draining members.
 ``epoch``/``assignment`` are what this node advertises right now (its

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 from collections.abc import Callable, Iterable
 
 from membership.serving import BOOTSTRAP, StandIn
@@ -29,6 +30,9 @@ from topology import ProxyNode
 
 log = logging.getLogger("kproxy.proxy")
 SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"
+# Descriptors a node needs besides two per client connection: listeners, the
+# admin endpoint, Raft, splice pipes, logs, the interpreter's own.
+RESERVED_DESCRIPTORS = 256
 
 
 def somaxconn(path: str = SOMAXCONN_PATH) -> int | None:
@@ -38,6 +42,29 @@ def somaxconn(path: str = SOMAXCONN_PATH) -> int | None:
             return int(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def client_capacity(max_connections: int) -> int:
+    """The client connections this process can hold, at most ``max_connections``.
+
+    Raises the soft RLIMIT_NOFILE to the hard one (what Kafka's JVM does too),
+    then counts two descriptors per client (its socket and the upstream one).
+    Below ``max_connections`` (logged), the node refuses connections cleanly at
+    that number instead of failing accepts and upstream connects with EMFILE."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    allowed = max(1, (soft - RESERVED_DESCRIPTORS) // 2)
+    if allowed < max_connections:
+        log.warning("limits.max_connections lowered to what the descriptor limit allows: raise RLIMIT_NOFILE"
+                    " (ulimit -n) for more", extra={"max_connections": max_connections, "nofile": soft,
+                                                     "clients": allowed})
+        return allowed
+    return max_connections
 
 
 def listen_backlog(wanted: int, cap: int | None) -> int:

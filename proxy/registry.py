@@ -73,15 +73,18 @@ class ConnectionRegistry:
     """
 
     def __init__(self, node_id: str, limits: Limits, metrics: ProxyMetrics, rewriter: ResponseRewriter | None,
-                 node_drain: NodeDrain, *, tap_dir: str | None = None,
+                 node_drain: NodeDrain, *, tap_dir: str | None = None, max_connections: int | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        """``max_connections``: the node cap if lower than ``limits.max_connections``
+        (proxy.listeners.client_capacity: what the descriptor limit allows)."""
         self.node_id = node_id
         self.limits = limits
         self.metrics = metrics
         self.rewriter = rewriter
         self.tap_dir = tap_dir
         self.node_drain = node_drain
-        self.admission = Admission(limits.max_connections, limits.accepts_per_source_per_s)
+        self.admission = Admission(min(limits.max_connections, max_connections or limits.max_connections),
+                                   limits.accepts_per_source_per_s)
         for reason in RefusalReason:  # every reason exported from the start, at 0
             metrics.connections_refused.labels(node_id, reason.value)
         self._clock = clock

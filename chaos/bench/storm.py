@@ -21,8 +21,9 @@ fresh node so one storm's freed-but-kept memory does not hide the next one's,
 and its own address so the last storm's upstream sockets in TIME_WAIT do not
 eat the next one's ephemeral ports.
 
-File descriptors: the node holds two sockets per client. The bench raises its
-own RLIMIT_NOFILE (the brokers and the node inherit it; root may raise the
+File descriptors: the node holds two sockets per client and caps its clients at
+what its RLIMIT_NOFILE allows (proxy.listeners.client_capacity). The bench
+raises its own limit (the brokers and the node inherit it; root may raise the
 hard limit too) and reports the node's limit and how many clients it allows.
 
 Kafka's own accept queue (``socket.listen.backlog.size``, default 50) is left
@@ -56,14 +57,13 @@ from chaos.bench.storm_load import (
 from chaos.testbed.kafka_cluster import KafkaCluster, free_base_port
 from chaos.testbed.proxies import NodeProcess, fleet_config
 from proxy.config import DEFAULT_ACCEPTS_PER_SOURCE_PER_S, DEFAULT_LISTEN_BACKLOG
-from proxy.listeners import somaxconn
+from proxy.listeners import RESERVED_DESCRIPTORS, somaxconn
 
 DEFAULT_CLIENTS = (1000, 4000, 10_000)
 FIRST_NODE_IP = 35
 NODE_IPS = 6  # 127.0.0.35 .. .40, one per proxy arm, round robin
 WARM_UP_CLIENTS = 20
-# Sockets of the node beyond two per client: listeners, the admin endpoint, logs, Python's own.
-NODE_FD_OVERHEAD = 200
+NOFILE_WANTED = 1 << 16  # at least; the node needs two descriptors per client (proxy.listeners.client_capacity)
 KAFKA_DEFAULT_LISTEN_BACKLOG = 50  # socket.listen.backlog.size
 SETTLED_CONNECTIONS = 200  # the leader holds at most this many client connections before the next storm
 _LEN = struct.Struct(">i")
@@ -223,7 +223,7 @@ def _row(clients: int, direct: StormResult, proxied: StormResult, rss_per_connec
 def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = None,
         deadline_s: float = CLIENT_DEADLINE_S, sources: int = DEFAULT_SOURCES,
         progress: Callable[[str], None] = print) -> dict[str, Any]:
-    nofile = raise_nofile(2 * max(clients) + NODE_FD_OVERHEAD)
+    nofile = raise_nofile(max(NOFILE_WANTED, 2 * max(clients) + 4 * RESERVED_DESCRIPTORS))
     results: dict[str, Any] = {"storm": [], "listen_backlog": DEFAULT_LISTEN_BACKLOG, "somaxconn": somaxconn(),
                                "sources": sources, "accepts_per_source_per_s": DEFAULT_ACCEPTS_PER_SOURCE_PER_S,
                                "client_deadline_s": deadline_s, "kafka_listen_backlog": KAFKA_DEFAULT_LISTEN_BACKLOG,
@@ -249,7 +249,7 @@ def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = Non
             bench.stop()
     node_soft = bench.node_nofile[0] if bench.node_nofile else None
     results["nofile"] = {"generator": list(nofile), "proxy_node": list(bench.node_nofile or ()),
-                         "proxy_node_max_clients": (node_soft - NODE_FD_OVERHEAD) // 2 if node_soft else None}
+                         "proxy_node_max_clients": (node_soft - RESERVED_DESCRIPTORS) // 2 if node_soft else None}
     results["targets"] = _targets(results["storm"])
     return results
 

@@ -171,3 +171,30 @@ def test_beyond_the_node_cap_a_connection_is_closed_at_once_and_the_others_stay(
     refusals = [r for r in caplog.records if r.getMessage() == "refusing new client connections"]
     assert len(refusals) == 1  # three refused, one line
     assert refusals[0].limit_name == "limits.max_connections" and refusals[0].limit == 2  # type: ignore[attr-defined]
+
+
+def test_client_capacity_raises_the_soft_descriptor_limit_and_caps_the_node(monkeypatch, caplog) -> None:
+    from proxy import listeners
+
+    limits = {"now": (1000, 5000)}
+    monkeypatch.setattr(listeners.resource, "getrlimit", lambda which: limits["now"])
+
+    def setrlimit(which, value) -> None:  # type: ignore[no-untyped-def]
+        limits["now"] = value
+
+    monkeypatch.setattr(listeners.resource, "setrlimit", setrlimit)
+    allowed = (5000 - listeners.RESERVED_DESCRIPTORS) // 2
+    with caplog.at_level(logging.WARNING, logger="kproxy.proxy"):
+        assert listeners.client_capacity(100) == 100
+        assert limits["now"] == (5000, 5000)
+        assert not caplog.records
+        assert listeners.client_capacity(50_000) == allowed
+    [record] = caplog.records
+    assert (record.max_connections, record.clients) == (50_000, allowed)  # type: ignore[attr-defined]
+
+    def refuse(which, value) -> None:  # type: ignore[no-untyped-def]
+        raise ValueError("not allowed")
+
+    limits["now"] = (1000, 5000)
+    monkeypatch.setattr(listeners.resource, "setrlimit", refuse)
+    assert listeners.client_capacity(50_000) == (1000 - listeners.RESERVED_DESCRIPTORS) // 2

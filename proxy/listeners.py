@@ -49,8 +49,10 @@ def client_capacity(max_connections: int) -> int:
 
     Raises the soft RLIMIT_NOFILE to the hard one (what Kafka's JVM does too),
     then counts two descriptors per client (its socket and the upstream one).
-    Below ``max_connections`` (logged), the node refuses connections cleanly at
-    that number instead of failing accepts and upstream connects with EMFILE."""
+    Below ``max_connections``, the node refuses connections cleanly at that
+    number instead of failing accepts and upstream connects with EMFILE. That
+    is logged at INFO, not WARNING: a default cap above what a small host's
+    limit allows is normal, and the refusals are logged when they happen."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         try:
@@ -60,7 +62,7 @@ def client_capacity(max_connections: int) -> int:
             pass
     allowed = max(1, (soft - RESERVED_DESCRIPTORS) // 2)
     if allowed < max_connections:
-        log.warning("limits.max_connections lowered to what the descriptor limit allows: raise RLIMIT_NOFILE"
+        log.info("limits.max_connections lowered to what the descriptor limit allows: raise RLIMIT_NOFILE"
                     " (ulimit -n) for more", extra={"max_connections": max_connections, "nofile": soft,
                                                      "clients": allowed})
         return allowed

@@ -184,7 +184,7 @@ def test_client_capacity_raises_the_soft_descriptor_limit_and_caps_the_node(monk
 
     monkeypatch.setattr(listeners.resource, "setrlimit", setrlimit)
     allowed = (5000 - listeners.RESERVED_DESCRIPTORS) // 2
-    with caplog.at_level(logging.WARNING, logger="kproxy.proxy"):
+    with caplog.at_level(logging.INFO, logger="kproxy.proxy"):
         assert listeners.client_capacity(100) == 100
         assert limits["now"] == (5000, 5000)
         assert not caplog.records

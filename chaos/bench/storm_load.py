@@ -116,9 +116,6 @@ class StormResult:
     p99_s: float | None
     errors: dict[str, int]
 
-    def to_json(self) -> dict[str, Any]:
-        return attrs.asdict(self)
-
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
     if not values:

@@ -103,3 +103,33 @@ def test_light_requests_are_three_frames_without_produce_only_two() -> None:
     assert len(light_requests(None).frames) == 2
     with pytest.raises(ValueError):
         source_addresses(0)
+
+
+def test_the_storm_target_is_the_largest_size_within_twice_direct_and_none_failed() -> None:
+    from chaos.bench.storm import _targets
+
+    rows = [{"clients": 1000, "proxy_all_served_s": 9.0, "direct_all_served_s": 1.0, "proxy_failed": 3},
+            {"clients": 10_000, "proxy_all_served_s": 7.9, "direct_all_served_s": 4.0, "proxy_failed": 0}]
+    assert _targets(rows) == {"10000_all_served_within_2x_direct": True, "10000_none_failed": True}
+    rows[1].update(proxy_all_served_s=8.1, proxy_failed=1)
+    assert _targets(rows) == {"10000_all_served_within_2x_direct": False, "10000_none_failed": False}
+    rows[1].update(proxy_all_served_s=None)  # nobody served
+    assert _targets(rows)["10000_all_served_within_2x_direct"] is False
+
+
+def test_raise_nofile_raises_both_limits_or_falls_back_to_the_hard_one(monkeypatch) -> None:
+    from chaos.bench import storm as storm_bench
+
+    limits = {"now": (1024, 4096)}
+    monkeypatch.setattr(storm_bench.resource, "getrlimit", lambda which: limits["now"])
+
+    def setrlimit(which, value) -> None:  # type: ignore[no-untyped-def]
+        if value[1] > 4096 and not limits.get("root"):
+            raise ValueError("not permitted")
+        limits["now"] = value
+
+    monkeypatch.setattr(storm_bench.resource, "setrlimit", setrlimit)
+    assert storm_bench.raise_nofile(512) == (1024, 4096)  # enough already: untouched
+    assert storm_bench.raise_nofile(65536) == (4096, 4096)  # not root: the hard limit is the most
+    limits.update(now=(1024, 4096), root=True)
+    assert storm_bench.raise_nofile(65536) == (65536, 65536)

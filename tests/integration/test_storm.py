@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import struct
+import subprocess
 import time
 
 import pytest
@@ -16,6 +18,8 @@ import uvloop
 from chaos.bench.frames import decode_response
 from chaos.bench.storm import leader_address
 from chaos.bench.storm_load import light_requests, source_addresses, storm
+from proxy.config import DEFAULT_LISTEN_BACKLOG
+from proxy.listeners import somaxconn
 
 pytestmark = [pytest.mark.integration]
 
@@ -44,6 +48,10 @@ def test_a_storm_of_clients_is_served_every_one(proxy, kafka_cluster, topic_name
     kafka_cluster.create_topic(topic_name, partitions=1)
     leader, host, port = leader_address("127.0.0.21", 9092, topic_name)
     assert (host, port) == ("127.0.0.21", 9100 + leader)  # the node's own address for the leader
+    if shutil.which("ss"):  # the accept queue the node asked for: Send-Q of a listening socket
+        listening = subprocess.run(["ss", "-ltnH", "src", f"{host}:{port}"], capture_output=True, text=True,
+                                   check=True).stdout.split()
+        assert int(listening[2]) == min(DEFAULT_LISTEN_BACKLOG, somaxconn() or DEFAULT_LISTEN_BACKLOG), listening
     accepted_before = sum(float(x.rsplit(" ", 1)[1]) for x in proxy.get("/metrics").text.splitlines()
                           if x.startswith("kproxy_connections_total{"))
     held: list[float] = []

@@ -14,7 +14,8 @@ the same second (issue 12). Against its own local 3-broker Kafka, for each N
   accept queue (``limits.listen_backlog``; 100 was the old default).
 
 Reported per N: time until every client was served (from the storm's start),
-per-client p50/p99 (connect to last answer), failures by kind, and the node's
+per-client p50/p99 (connect to last answer), failures by kind, the kernel's
+listen overflows during the storm (every listener: the broker's too), and the node's
 RSS per connection: its RSS while it holds every served client, minus its RSS
 before the storm (after a small warm-up storm), over N. Each proxy arm gets a
 fresh node so one storm's freed-but-kept memory does not hide the next one's,
@@ -102,6 +103,21 @@ def leader_address(host: str, port: int, topic: str, timeout: float = 30.0) -> t
         time.sleep(0.2)
 
 
+def listen_overflows() -> int | None:
+    """The kernel's count of connections dropped because an accept queue was full
+    (TcpExt ListenOverflows, this network namespace, every listener); None off Linux."""
+    try:
+        with open("/proc/net/netstat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for names, values in zip(lines, lines[1:]):
+        if names.startswith("TcpExt:") and values.startswith("TcpExt:"):
+            row = dict(zip(names.split()[1:], values.split()[1:]))
+            return int(row["ListenOverflows"]) if "ListenOverflows" in row else None
+    return None
+
+
 def _established_to(port: int) -> int:
     """TCP connections established to local port ``port`` (the broker's side of them)."""
     return sum(1 for c in psutil.net_connections(kind="tcp")
@@ -132,6 +148,7 @@ class _StormBench:
         self.requests: LightRequests = light_requests(self.topic)
         self.leader = (0, "", 0)
         self.node_nofile: tuple[int, int] | None = None
+        self.overflows: int | None = None  # listen overflows during the last storm (any listener)
 
     def start_brokers(self) -> None:
         self.progress("starting a local 3-broker Kafka")
@@ -158,14 +175,18 @@ class _StormBench:
         return node, (host, port)
 
     def _storm(self, host: str, port: int, clients: int, hold: Any = None) -> StormResult:
-        return uvloop.run(storm(host, port, clients, self.requests, sources=self.sources,
-                                deadline_s=self.deadline_s, hold=hold))
+        before = listen_overflows()
+        result = uvloop.run(storm(host, port, clients, self.requests, sources=self.sources,
+                                  deadline_s=self.deadline_s, hold=hold))
+        after = listen_overflows()
+        self.overflows = after - before if after is not None and before is not None else None
+        return result
 
     def direct(self, clients: int) -> StormResult:
         _, host, port = self.leader
         _wait_settled(port)
         self.progress(f"{clients} clients at once, directly to broker {self.leader[0]}")
-        return self._storm(host, port, clients)
+        return self._storm(host, port, clients)  # self.overflows: this storm's
 
     def proxy(self, clients: int, listen_backlog: int | None = None) -> tuple[StormResult, float, int]:
         """The storm through a fresh node: its result, the node's RSS bytes per connection
@@ -235,13 +256,16 @@ def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = Non
             results["topic_leader"] = {"broker": bench.leader[0], "address": f"{bench.leader[1]}:{bench.leader[2]}"}
             for n in clients:
                 direct = bench.direct(n)
+                direct_overflows = bench.overflows
                 proxied, rss, held = bench.proxy(n)
                 row = _row(n, direct, proxied, rss, held)
+                row["direct_listen_overflows"], row["proxy_listen_overflows"] = direct_overflows, bench.overflows
                 if backlog is not None:
                     other, other_rss, _ = bench.proxy(n, backlog)
                     row[f"backlog_{backlog}"] = {"all_served_s": other.all_served_s, "failed": other.failed,
                                                  "p50_s": other.p50_s, "p99_s": other.p99_s, "errors": other.errors,
-                                                 "rss_bytes_per_connection": round(other_rss)}
+                                                 "rss_bytes_per_connection": round(other_rss),
+                                                 "listen_overflows": bench.overflows}
                 results["storm"].append(row)
                 progress(f"{n}: direct {direct.all_served_s} s ({direct.failed} failed), "
                          f"kproxy {proxied.all_served_s} s ({proxied.failed} failed)")

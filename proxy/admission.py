@@ -25,7 +25,7 @@ import enum
 
 import attrs
 
-__all__ = ("Admission", "Refusal", "RefusalReason", "LOG_INTERVAL_S", "PRUNE_INTERVAL_S")
+__all__ = ("Admission", "Refusal", "RefusalReason", "LOG_INTERVAL_S", "FORGET_LOG_S", "PRUNE_INTERVAL_S")
 
 # At most one log line per source and reason this often.
 LOG_INTERVAL_S = 10.0

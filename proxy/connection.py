@@ -125,7 +125,7 @@ class ClientSide(asyncio.BufferedProtocol):
     def __init__(self, registry: ConnectionRegistry, listener: int) -> None:
         self.registry = registry
         self.listener = listener
-        self.pair: Pair = None  # type: ignore[assignment]  # set in connection_made unless refused
+        self.pair: Pair | None = None  # made in connection_made, unless the connection is refused
         self._buffers: ReadBuffers = read_buffers()
         self._view: memoryview = self._buffers.view
 
@@ -136,10 +136,10 @@ class ClientSide(asyncio.BufferedProtocol):
             transport.abort()  # nothing was read or written: the client sees the connection closed
             return
         pair = self.pair = Pair(registry, self.listener)
-        pair.client = transport  # type: ignore[assignment]
+        pair.client = transport
         pair.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        transport.set_write_buffer_limits(high=registry.limits.high_water_bytes)  # type: ignore[attr-defined]
-        transport.pause_reading()  # type: ignore[attr-defined]  # until the upstream connection is made
+        transport.set_write_buffer_limits(high=registry.limits.high_water_bytes)
+        transport.pause_reading()  # until the upstream connection is made
         registry.accept(pair)
 
     def get_buffer(self, sizehint: int) -> memoryview:

@@ -63,8 +63,8 @@ def client_capacity(max_connections: int) -> int:
     allowed = max(1, (soft - RESERVED_DESCRIPTORS) // 2)
     if allowed < max_connections:
         log.info("limits.max_connections lowered to what the descriptor limit allows: raise RLIMIT_NOFILE"
-                    " (ulimit -n) for more", extra={"max_connections": max_connections, "nofile": soft,
-                                                     "clients": allowed})
+                 " (ulimit -n) for more", extra={"max_connections": max_connections, "nofile": soft,
+                                                  "clients": allowed})
         return allowed
     return max_connections
 

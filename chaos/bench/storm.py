@@ -15,9 +15,10 @@ the same second (issue 12). Against its own local 3-broker Kafka, for each N
 
 Reported per N: time until every client was served (from the storm's start),
 per-client p50/p99 (connect to last answer), failures by kind, the kernel's
-listen overflows during the storm (every listener: the broker's too), and the node's
-RSS per connection: its RSS while it holds every served client, minus its RSS
-before the storm (after a small warm-up storm), over N. Each proxy arm gets a
+listen overflows during the storm (every listener: the broker's too), the
+node's CPU time over the storm per client (connect, three requests, close),
+and the node's RSS per connection: its RSS while it holds every served
+client, minus its RSS before the storm (after a small warm-up storm), over N. Each proxy arm gets a
 fresh node so one storm's freed-but-kept memory does not hide the next one's,
 and its own address so the last storm's upstream sockets in TIME_WAIT do not
 eat the next one's ephemeral ports.
@@ -149,6 +150,7 @@ class _StormBench:
         self.leader = (0, "", 0)
         self.node_nofile: tuple[int, int] | None = None
         self.overflows: int | None = None  # listen overflows during the last storm (any listener)
+        self.cpu_ms_per_connection = 0.0  # the node's CPU over the last proxied storm, per client
 
     def start_brokers(self) -> None:
         self.progress("starting a local 3-broker Kafka")
@@ -206,7 +208,9 @@ class _StormBench:
 
             label = f" (listen_backlog {listen_backlog})" if listen_backlog is not None else ""
             self.progress(f"{clients} clients at once, through kproxy{label}")
+            cpu_before = sum(proc.cpu_times()[:2])
             result = self._storm(host, port, clients, hold)
+            self.cpu_ms_per_connection = (sum(proc.cpu_times()[:2]) - cpu_before) * 1000 / clients
             rss_per_connection = (held["rss"] - rss_before) / clients
             return result, rss_per_connection, int(held["connections"])
         finally:
@@ -260,6 +264,7 @@ def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = Non
                 proxied, rss, held = bench.proxy(n)
                 row = _row(n, direct, proxied, rss, held)
                 row["direct_listen_overflows"], row["proxy_listen_overflows"] = direct_overflows, bench.overflows
+                row["proxy_cpu_ms_per_connection"] = round(bench.cpu_ms_per_connection, 3)
                 if backlog is not None:
                     other, other_rss, _ = bench.proxy(n, backlog)
                     row[f"backlog_{backlog}"] = {"all_served_s": other.all_served_s, "failed": other.failed,

@@ -242,6 +242,8 @@ def _row(clients: int, direct: StormResult, proxied: StormResult, rss_per_connec
         "rss_bytes_per_connection": round(rss_per_connection),
         "proxy_connections_held": held,
         "direct_errors": direct.errors, "proxy_errors": proxied.errors,
+        "direct_connect_p99_s": direct.connect_p99_s, "proxy_connect_p99_s": proxied.connect_p99_s,
+        "direct_slow_connects": direct.slow_connects, "proxy_slow_connects": proxied.slow_connects,
     }
 
 
@@ -270,7 +272,9 @@ def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = Non
                     row[f"backlog_{backlog}"] = {"all_served_s": other.all_served_s, "failed": other.failed,
                                                  "p50_s": other.p50_s, "p99_s": other.p99_s, "errors": other.errors,
                                                  "rss_bytes_per_connection": round(other_rss),
-                                                 "listen_overflows": bench.overflows}
+                                                 "listen_overflows": bench.overflows,
+                                                 "connect_p99_s": other.connect_p99_s,
+                                                 "slow_connects": other.slow_connects}
                 results["storm"].append(row)
                 progress(f"{n}: direct {direct.all_served_s} s ({direct.failed} failed), "
                          f"kproxy {proxied.all_served_s} s ({proxied.failed} failed)")

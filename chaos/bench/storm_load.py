@@ -45,6 +45,9 @@ _LEN = struct.Struct(">i")
 CLIENT_DEADLINE_S = 60.0
 DEFAULT_SOURCES = 20
 RECORD_BYTES = 100
+# Linux retransmits an unanswered SYN after 1 s (then 3, 7 ... s): a connect that
+# took this long lost its first SYN.
+SYN_RETRANSMIT_S = 0.9
 
 
 def source_addresses(count: int = DEFAULT_SOURCES, first: int = 100) -> tuple[str, ...]:
@@ -106,7 +109,10 @@ def _error_of(body: Any) -> str | None:
 class StormResult:
     """One storm. Times in seconds: ``all_served_s`` from the storm's start to the last
     client served (None if none was); ``p50_s``/``p99_s`` per served client, from its
-    own connect to its last answer. ``errors``: failure kind -> clients."""
+    own connect to its last answer. ``errors``: failure kind -> clients.
+    ``connect_p99_s`` and ``slow_connects``: how long the TCP connects took; a
+    connect of a second or more had its SYN dropped (the listener's accept
+    queue was full) and retransmitted."""
 
     clients: int
     served: int
@@ -115,6 +121,8 @@ class StormResult:
     p50_s: float | None
     p99_s: float | None
     errors: dict[str, int]
+    connect_p99_s: float | None = None
+    slow_connects: int = 0  # connects that took a SYN retransmit (>= SYN_RETRANSMIT_S): a full accept queue
 
 
 def _quantile(values: Sequence[float], q: float) -> float | None:
@@ -135,6 +143,7 @@ class _Storm:
         self.served: list[float] = []  # per client, from its connect to its last answer
         self.served_at: list[float] = []  # from the storm's start
         self.errors: Counter[str] = Counter()
+        self.connected: list[float] = []  # per client that connected: how long the connect took
         self.finished = 0
         self.all_finished = asyncio.Event()
         self.release = asyncio.Event()
@@ -153,6 +162,7 @@ class _Storm:
             async with asyncio.timeout(self.deadline_s):
                 reader, writer = await asyncio.open_connection(
                     self.host, self.port, local_addr=(self.sources[index % len(self.sources)], 0))
+                self.connected.append(loop.time() - begun)
                 for correlation_id, (frame, body_type) in enumerate(
                         zip(self.requests.frames, self.requests.response_types), 1):
                     writer.write(frame)
@@ -182,7 +192,9 @@ class _Storm:
             clients=self.clients, served=len(served), failed=self.clients - len(served),
             all_served_s=round(max(self.served_at), 3) if self.served_at else None,
             p50_s=_round(_quantile(served, 0.5)), p99_s=_round(_quantile(served, 0.99)),
-            errors=dict(self.errors.most_common()))
+            errors=dict(self.errors.most_common()),
+            connect_p99_s=_round(_quantile(sorted(self.connected), 0.99)),
+            slow_connects=sum(1 for c in self.connected if c >= SYN_RETRANSMIT_S))
 
 
 def _round(x: float | None) -> float | None:

@@ -86,6 +86,7 @@ def test_every_client_served_and_held_open_until_all_are() -> None:
     assert held == [60]  # every served client still connected while hold ran
     assert result.all_served_s is not None and result.p50_s is not None and result.p99_s is not None
     assert result.p50_s <= result.p99_s <= result.all_served_s
+    assert result.connect_p99_s is not None and result.connect_p99_s <= result.p99_s
 
 
 def test_unanswered_and_error_answers_count_as_failed_by_kind() -> None:

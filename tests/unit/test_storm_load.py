@@ -134,3 +134,13 @@ def test_raise_nofile_raises_both_limits_or_falls_back_to_the_hard_one(monkeypat
     assert storm_bench.raise_nofile(65536) == (4096, 4096)  # not root: the hard limit is the most
     limits.update(now=(1024, 4096), root=True)
     assert storm_bench.raise_nofile(65536) == (65536, 65536)
+
+
+@pytest.mark.parametrize("sizes", ["abc", "", "0", "1000,200000"])
+def test_bench_storm_rejects_bad_sizes_naming_the_option(sizes: str) -> None:
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    result = CliRunner().invoke(cli, ["bench", "storm", "--clients", sizes])
+    assert result.exit_code == 2 and "--clients" in result.output

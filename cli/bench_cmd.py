@@ -1,4 +1,4 @@
-"""`kproxy bench proxy|failover`: benchmarks that print figures (not pass/fail)."""
+"""`kproxy bench proxy|failover|storm`: benchmarks that print figures (not pass/fail)."""
 
 from __future__ import annotations
 
@@ -78,3 +78,34 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
         return
     for key in ("drills", "rto_ms", "detect_ms", "commit_ms", "lost", "duplicated", "drain", "targets"):
         click.echo(f"{key}: {results.get(key)}")
+
+
+@bench.command("storm")
+@click.option("--clients", default="1000,4000,10000", show_default=True,
+              help="Comma-separated storm sizes: light clients connecting at once, each size directly and through "
+                   "kproxy.")
+@click.option("--backlog", type=click.IntRange(1, 1 << 20), default=None,
+              help="Also run each size through a node with this limits.listen_backlog (100: the old default).")
+@click.option("--deadline", type=click.FloatRange(1, 600), default=60.0, show_default=True,
+              help="Seconds a light client has to be served.")
+@click.option("--json", "as_json", is_flag=True)
+def bench_storm(clients: str, backlog: int | None, deadline: float, as_json: bool) -> None:
+    """N clients connect at once (ApiVersions, Metadata, a small Produce): kproxy vs a broker directly."""
+    from chaos.bench.storm import run
+
+    try:
+        sizes = tuple(int(c) for c in clients.split(",") if c.strip())
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of integers", param_hint="--clients") from None
+    if not sizes or any(not 1 <= n <= 100_000 for n in sizes):
+        raise click.BadParameter("sizes between 1 and 100000", param_hint="--clients")
+    console = Console(stderr=True)
+    results = run(sizes, backlog=backlog, deadline_s=deadline, progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+        return
+    for row in results["storm"]:
+        click.echo(f"{row['clients']:>6} clients: direct {row['direct_all_served_s']} s ({row['direct_failed']} failed)"
+                   f", kproxy {row['proxy_all_served_s']} s ({row['proxy_failed']} failed),"
+                   f" {row['rss_bytes_per_connection']} B/connection")
+    click.echo(f"targets: {results['targets']}")

@@ -26,6 +26,9 @@ section (Raft) is optional. Every error names the offending field::
     connect_timeout_s = 5.0
     fetch_max_version = 15               # >= 16 rewrites KIP-951 node_endpoints (buffers Fetch)
     splice_min_bytes = 65536             # splice(2) pass-through response bodies this large; 0: never
+    listen_backlog = 4096                # accept queue of every listener (capped by net.core.somaxconn)
+    max_connections = 50000              # client connections per node; more are refused
+    accepts_per_source_per_s = 1000      # new connections per second per source address; 0: no limit
 
     [logging]
     level = "INFO"
@@ -110,6 +113,20 @@ DEFAULT_FETCH_MAX_VERSION = 15
 # Below it, the few syscalls a splice costs more than the copy saves. 0 disables.
 DEFAULT_SPLICE_MIN_BYTES = 64 << 10
 
+# When a node dies, its clients reconnect to the survivors in the same second:
+# thousands of SYNs at once. A full accept queue drops them and the clients
+# wait out SYN retransmits (1, 3, 7 s ...), so the queue is sized for a storm;
+# the kernel caps it at net.core.somaxconn (proxy.listeners logs the cap).
+DEFAULT_LISTEN_BACKLOG = 4096
+# Client connections one node holds at most (each costs two sockets, so twice
+# as many file descriptors, plus some KiB of memory); beyond it new ones are
+# refused and the ones it has keep being served (proxy.admission).
+DEFAULT_MAX_CONNECTIONS = 50_000
+# New connections per second from one source address (a token bucket holding
+# one second's worth): generous enough for a host of clients reconnecting at
+# once, low enough that one runaway client cannot take the node's accept loop.
+DEFAULT_ACCEPTS_PER_SOURCE_PER_S = 1000
+
 
 @attrs.frozen
 class Limits:
@@ -118,6 +135,9 @@ class Limits:
     connect_timeout_s: float = 5.0
     fetch_max_version: int = DEFAULT_FETCH_MAX_VERSION
     splice_min_bytes: int = DEFAULT_SPLICE_MIN_BYTES
+    listen_backlog: int = DEFAULT_LISTEN_BACKLOG
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    accepts_per_source_per_s: float = DEFAULT_ACCEPTS_PER_SOURCE_PER_S
 
 
 @attrs.frozen
@@ -350,6 +370,11 @@ def _parse_limits(limits_raw: Mapping[str, Any]) -> Limits:
                                DEFAULT_FETCH_MAX_VERSION),
         splice_min_bytes=_get(limits_raw, "splice_min_bytes", "limits.splice_min_bytes", int,
                               DEFAULT_SPLICE_MIN_BYTES),
+        listen_backlog=_get(limits_raw, "listen_backlog", "limits.listen_backlog", int, DEFAULT_LISTEN_BACKLOG),
+        max_connections=_get(limits_raw, "max_connections", "limits.max_connections", int,
+                             DEFAULT_MAX_CONNECTIONS),
+        accepts_per_source_per_s=_get(limits_raw, "accepts_per_source_per_s", "limits.accepts_per_source_per_s",
+                                      float, float(DEFAULT_ACCEPTS_PER_SOURCE_PER_S)),
     )
     if limits.splice_min_bytes != 0 and not 4096 <= limits.splice_min_bytes <= 1 << 30:
         raise ConfigError("limits.splice_min_bytes", "must be 0 (never splice) or between 4 KiB and 1 GiB")
@@ -360,6 +385,12 @@ def _parse_limits(limits_raw: Mapping[str, Any]) -> Limits:
     if not 4096 <= limits.high_water_bytes <= 1 << 30:
         raise ConfigError("limits.high_water_bytes", "must be between 4 KiB and 1 GiB")
     _positive(limits.connect_timeout_s, "limits.connect_timeout_s")
+    if not 1 <= limits.listen_backlog <= 1 << 20:
+        raise ConfigError("limits.listen_backlog", "must be between 1 and 1048576 (the kernel caps it at somaxconn)")
+    if not 1 <= limits.max_connections <= 10_000_000:
+        raise ConfigError("limits.max_connections", "must be between 1 and 10000000")
+    if not 0 <= limits.accepts_per_source_per_s <= 1e6:
+        raise ConfigError("limits.accepts_per_source_per_s", "must be 0 (no limit) or a rate up to 1000000")
     return limits
 
 

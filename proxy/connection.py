@@ -24,7 +24,8 @@ import asyncio
 import itertools
 import logging
 import os
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, BinaryIO
 
 from proxy.buffers import ReadBuffers, read_buffers
 from proxy.codec import ConnectionCodec
@@ -62,12 +63,11 @@ class Pair:
         self.drain: ConnectionDrain | None = None
         self.peer = "?"
         self.upstream_addr: HostPort | None = None
-        self._pending: list[bytes] = []  # copies: read buffers are reused
-        self.tap = None
+        self._pending: list[bytes] | None = None  # copies (read buffers are reused); made if ever needed
         self.splice: Splice | None = None  # a response body being spliced to the client (proxy.splice)
+        self.tap: Tap | None = None
         if registry.tap_dir:
-            path = f"{registry.tap_dir}/{registry.node_id}-{os.getpid()}-{next(self._ids)}.bin"
-            self.tap = open(path, "wb")
+            self.tap = Tap(f"{registry.tap_dir}/{registry.node_id}-{os.getpid()}-{next(self._ids)}.bin")
 
     def close(self, reason: str, *, level: int = logging.DEBUG) -> None:
         if self.closed:
@@ -92,23 +92,55 @@ class Pair:
                 t.abort()
 
 
+class Tap:
+    """Tests only (``[debug] tap_dir``): a copy of every byte written to one
+    client, in its own file, opened at the first write (a connection that is
+    never answered costs no file)."""
+
+    __slots__ = ("path", "_file")
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._file: BinaryIO | None = None
+
+    def writelines(self, chunks: Iterable[bytes | memoryview]) -> None:
+        if self._file is None:
+            self._file = open(self.path, "wb")
+        self._file.writelines(chunks)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+
+
 class ClientSide(asyncio.BufferedProtocol):
-    """Client -> broker. Reads into the loop's shared buffer (proxy.buffers)."""
+    """Client -> broker. Reads into the loop's shared buffer (proxy.buffers).
+
+    The :class:`Pair` (its codec, its place in the registry) is made once the
+    node admitted the connection (proxy.admission): a refused connection costs
+    this object and its transport, closed at once."""
+
+    __slots__ = ("registry", "listener", "pair", "_buffers", "_view")
 
     def __init__(self, registry: ConnectionRegistry, listener: int) -> None:
         self.registry = registry
-        self.pair = Pair(registry, listener)
+        self.listener = listener
+        self.pair: Pair | None = None  # made in connection_made, unless the connection is refused
         self._buffers: ReadBuffers = read_buffers()
         self._view: memoryview = self._buffers.view
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        pair = self.pair
-        pair.client = transport
+        registry = self.registry
         peer = transport.get_extra_info("peername")
+        if not registry.admit(peer[0] if peer else "?"):
+            transport.abort()  # nothing was read or written: the client sees the connection closed
+            return
+        pair = self.pair = Pair(registry, self.listener)
+        pair.client = transport
         pair.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
-        transport.set_write_buffer_limits(high=self.registry.limits.high_water_bytes)
+        transport.set_write_buffer_limits(high=registry.limits.high_water_bytes)
         transport.pause_reading()  # until the upstream connection is made
-        self.registry.accept(pair)
+        registry.accept(pair)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         view = self._view = self._buffers.view
@@ -137,13 +169,16 @@ class ClientSide(asyncio.BufferedProtocol):
             if upstream.get_write_buffer_size():  # it may keep a view of the buffer
                 self._buffers.release(upstream)
         else:  # cannot happen while paused, kept for safety
+            if pair._pending is None:
+                pair._pending = []
             pair._pending.append(bytes(data))
 
     def eof_received(self) -> bool | None:
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.pair.close("client gone")
+        if self.pair is not None:  # None: refused
+            self.pair.close("client gone")
 
     def pause_writing(self) -> None:
         if self.pair.upstream is not None:
@@ -157,6 +192,8 @@ class ClientSide(asyncio.BufferedProtocol):
 class UpstreamSide(asyncio.BufferedProtocol):
     """Broker -> client. Reads into the loop's shared buffer (proxy.buffers);
     the rest of a large pass-through frame is spliced instead (proxy.splice)."""
+
+    __slots__ = ("pair", "_buffers", "_view", "_splice_min")
 
     def __init__(self, pair: Pair) -> None:
         self.pair = pair

@@ -36,7 +36,7 @@ from proxy.connection import Pair, UpstreamSide
 from proxy.discovery import BrokerDiscovery
 from proxy.drain import CloseListeners, DrainAt, DrainConnections, NodeDrain, Rebind
 from proxy.errors import ProtocolError, RewriteError, UnknownBroker
-from proxy.listeners import Listeners
+from proxy.listeners import Listeners, client_capacity
 from proxy.metrics import ProxyMetrics
 from proxy.registry import ConnectionRegistry
 from proxy.rewrite import BrokerAddress, ResponseRewriter
@@ -89,7 +89,8 @@ class DataPath:
                                          version_caps={FETCH: config.limits.fetch_max_version})
         self.metrics.watch_rewrites(self.rewriter.counts)
         self.registry = ConnectionRegistry(node_id, config.limits, self.metrics, self.rewriter, self.node_drain,
-                                           tap_dir=config.tap_dir)
+                                           tap_dir=config.tap_dir,
+                                           max_connections=client_capacity(config.limits.max_connections))
         self.registry.connect = self._connect_upstream
         self.registry.unstall = self._unstall
         self.registry.owned_here = self._owned_here
@@ -214,11 +215,11 @@ class DataPath:
             if pair.closed:
                 return
             try:
-                transport, _ = await asyncio.wait_for(
-                    loop.create_connection(lambda: UpstreamSide(pair), address.host, address.port,
-                                           local_addr=self._source),
-                    self.config.limits.connect_timeout_s)
-            except (OSError, asyncio.TimeoutError) as exc:
+                # asyncio.timeout, not wait_for: no second task per connect (a storm makes thousands).
+                async with asyncio.timeout(self.config.limits.connect_timeout_s):
+                    transport, _ = await loop.create_connection(lambda: UpstreamSide(pair), address.host,
+                                                                address.port, local_addr=self._source)
+            except (OSError, TimeoutError) as exc:
                 errors.append(f"{address}: {exc!r}")
                 continue
             if pair.closed:

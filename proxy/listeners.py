@@ -5,12 +5,21 @@ Ports come from the node's ``topology.ProxyNode`` (``proxy.config.proxy_node``).
 With address takeover every listener uses SO_REUSEPORT: the node and its
 stand-ins share ports while it comes back. What to stand in on is decided by
 :class:`proxy.takeover.TakeoverReconciler`; this module executes its actions.
+
+Every listener gets the accept queue ``limits.listen_backlog`` asks for, capped
+by the kernel's ``net.core.somaxconn`` (the kernel would cap it silently; the
+cap is logged once): when a node dies, its clients reconnect to the survivors
+in the same second, and a SYN that finds the queue full waits out a
+retransmit (1, 3, 7 s ...). The loop (uvloop: libuv) accepts until the queue is
+empty on every wake-up, and a connection's upstream connect runs as its own
+task (``ConnectionRegistry.spawn``), so accepting never waits on a broker.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 from collections.abc import Callable, Iterable
 
 from membership.serving import BOOTSTRAP, StandIn
@@ -20,6 +29,53 @@ from proxy.takeover import Bind, Release, TakeoverReconciler
 from topology import ProxyNode
 
 log = logging.getLogger("kproxy.proxy")
+SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"
+# Descriptors a node needs besides two per client connection: listeners, the
+# admin endpoint, Raft, splice pipes, logs, the interpreter's own.
+RESERVED_DESCRIPTORS = 256
+
+
+def somaxconn(path: str = SOMAXCONN_PATH) -> int | None:
+    """The kernel's cap on a listener's accept queue; None where it cannot be read (not Linux)."""
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def client_capacity(max_connections: int) -> int:
+    """The client connections this process can hold, at most ``max_connections``.
+
+    Raises the soft RLIMIT_NOFILE to the hard one (what Kafka's JVM does too),
+    then counts two descriptors per client (its socket and the upstream one).
+    Below ``max_connections``, the node refuses connections cleanly at that
+    number instead of failing accepts and upstream connects with EMFILE. That
+    is logged at INFO, not WARNING: a default cap above what a small host's
+    limit allows is normal, and the refusals are logged when they happen."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    allowed = max(1, (soft - RESERVED_DESCRIPTORS) // 2)
+    if allowed < max_connections:
+        log.info("limits.max_connections lowered to what the descriptor limit allows: raise RLIMIT_NOFILE"
+                 " (ulimit -n) for more", extra={"max_connections": max_connections, "nofile": soft,
+                                                  "clients": allowed})
+        return allowed
+    return max_connections
+
+
+def listen_backlog(wanted: int, cap: int | None) -> int:
+    """The backlog to ask for: ``wanted``, or the kernel's cap if lower (logged)."""
+    if cap is not None and 0 < cap < wanted:
+        log.warning("listen backlog capped by the kernel: raise net.core.somaxconn for the full queue",
+                    extra={"listen_backlog": wanted, "somaxconn": cap})
+        return cap
+    return wanted
 
 
 class Listeners:
@@ -35,6 +91,7 @@ class Listeners:
         self.takeover = TakeoverReconciler()
         self._stand_ins: dict[tuple[str, int], asyncio.AbstractServer] = {}
         self._lingering: list[asyncio.AbstractServer] = []  # a draining node's listeners, closing soon
+        self.backlog = listen_backlog(registry.limits.listen_backlog, somaxconn())
 
     def _factory(self, listener: int) -> Callable[[], ClientSide]:
         registry = self.registry
@@ -44,7 +101,7 @@ class Listeners:
         if BOOTSTRAP not in self.own:
             self.own[BOOTSTRAP] = await asyncio.get_running_loop().create_server(
                 self._factory(BOOTSTRAP), self.node.host, self.node.bootstrap_port, reuse_address=True,
-                reuse_port=self.reuse_port)
+                reuse_port=self.reuse_port, backlog=self.backlog)
 
     async def bind_identities(self, broker_ids: Iterable[int]) -> None:
         """A listener for each identity not bound yet (call under ``lock``).
@@ -59,7 +116,8 @@ class Listeners:
             try:
                 host, port = self.node.address_for(b)
                 self.own[b] = await asyncio.get_running_loop().create_server(
-                    self._factory(b), host, port, reuse_address=True, reuse_port=self.reuse_port)
+                    self._factory(b), host, port, reuse_address=True, reuse_port=self.reuse_port,
+                    backlog=self.backlog)
             except (OSError, ValueError) as exc:
                 log.error("listener bind failed", extra={"broker": b, "reason": str(exc)})
                 continue
@@ -97,7 +155,8 @@ class Listeners:
                 assert isinstance(action, Bind)
                 try:
                     self._stand_ins[action.key] = await loop.create_server(
-                        self._factory(action.key[1]), action.host, action.port, reuse_address=True, reuse_port=True)
+                        self._factory(action.key[1]), action.host, action.port, reuse_address=True, reuse_port=True,
+                        backlog=self.backlog)
                 except OSError as exc:
                     if self.takeover.bind_failed(action.key):  # log once per vacancy
                         log.warning("cannot stand in for a vacant node's address",

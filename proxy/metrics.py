@@ -37,6 +37,9 @@ class ProxyMetrics:
                                    registry=self.registry)
         self.connections_active = Gauge("kproxy_connections_active", "Open client connections", labels,
                                         registry=self.registry)
+        self.connections_refused = Counter("kproxy_connections_refused",
+                                           "Client connections refused at accept (proxy.admission), by limit",
+                                           labels + ["reason"], registry=self.registry)
         self.protocol_errors = Counter("kproxy_protocol_errors", "Connections closed for a protocol error",
                                        labels + ["side"], registry=self.registry)
         self.upstream_errors = Counter("kproxy_upstream_errors", "Upstream connects or connections that failed",
@@ -74,6 +77,9 @@ class ProxyMetrics:
 
     def accepted(self, listener: str) -> None:
         self.connections.labels(self.node_id, listener).inc()
+
+    def refused(self, reason: str) -> None:
+        self.connections_refused.labels(self.node_id, reason).inc()
 
     def protocol_error(self, side: str) -> None:
         self.protocol_errors.labels(self.node_id, side).inc()

@@ -15,10 +15,12 @@ import fcntl
 import logging
 import struct
 import termios
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from membership.serving import BOOTSTRAP
+from proxy.admission import Admission, RefusalReason
 from proxy.config import Limits
 from proxy.connection import Pair
 from proxy.drain import (
@@ -71,13 +73,21 @@ class ConnectionRegistry:
     """
 
     def __init__(self, node_id: str, limits: Limits, metrics: ProxyMetrics, rewriter: ResponseRewriter | None,
-                 node_drain: NodeDrain, *, tap_dir: str | None = None) -> None:
+                 node_drain: NodeDrain, *, tap_dir: str | None = None, max_connections: int | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """``max_connections``: the node cap if lower than ``limits.max_connections``
+        (proxy.listeners.client_capacity: what the descriptor limit allows)."""
         self.node_id = node_id
         self.limits = limits
         self.metrics = metrics
         self.rewriter = rewriter
         self.tap_dir = tap_dir
         self.node_drain = node_drain
+        self.admission = Admission(min(limits.max_connections, max_connections or limits.max_connections),
+                                   limits.accepts_per_source_per_s)
+        for reason in RefusalReason:  # every reason exported from the start, at 0
+            metrics.connections_refused.labels(node_id, reason.value)
+        self._clock = clock
         self.pairs: set[Pair] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.connect: Callable[[Pair], Awaitable[None]] | None = None
@@ -85,6 +95,21 @@ class ConnectionRegistry:
         self.owned_here: Callable[[int], bool] = lambda listener: True
 
     # ---------------------------------------------------- what a connection calls
+    def admit(self, source: str) -> bool:
+        """May a new connection from ``source`` (an IP address) be taken (proxy.admission)?
+        A refusal is counted, and logged once per source and interval."""
+        refusal = self.admission.admit(source, len(self.pairs), self._clock())
+        if refusal is None:
+            return True
+        self.metrics.refused(refusal.reason.value)
+        if refusal.log:
+            admission = self.admission
+            limit = admission.max_connections if refusal.reason is RefusalReason.NODE_CAP else admission.rate
+            log.warning("refusing new client connections", extra={
+                "source": source, "limit_name": f"limits.{refusal.reason.value}", "limit": limit,
+                "refused": refusal.refused_since_log, "connections": len(self.pairs)})
+        return False
+
     def accept(self, pair: Pair) -> None:
         """A client connected (its reads paused): count it, then refuse it or connect it upstream."""
         self.pairs.add(pair)

@@ -40,6 +40,12 @@ def test_good_config_parses():
     assert proxy_node(cfg, "p1").address_for(3) == ("127.0.0.11", 9103)
     assert cfg.fleet is not None and cfg.fleet.password == "s3cret"
     assert cfg.limits.fetch_max_version == 15
+    assert (cfg.limits.listen_backlog, cfg.limits.max_connections, cfg.limits.accepts_per_source_per_s) == \
+        (4096, 50_000, 1000.0)
+    tuned = parse(_with(limits={"listen_backlog": 100, "max_connections": 10, "accepts_per_source_per_s": 0}),
+                  env={"PW": "s3cret"})
+    assert (tuned.limits.listen_backlog, tuned.limits.max_connections, tuned.limits.accepts_per_source_per_s) == \
+        (100, 10, 0.0)
 
 
 @pytest.mark.parametrize(("changes", "field"), [
@@ -54,6 +60,10 @@ def test_good_config_parses():
     ({"fleet__password_env": None}, "fleet.password"),
     ({"fleet__raft_min_timeout_s": 0.9, "fleet__raft_max_timeout_s": 0.5}, "fleet.raft_max_timeout_s"),
     ({"limits": {"max_frame_bytes": 10}}, "limits.max_frame_bytes"),
+    ({"limits": {"listen_backlog": 0}}, "limits.listen_backlog"),
+    ({"limits": {"listen_backlog": "4096"}}, "limits.listen_backlog"),
+    ({"limits": {"max_connections": 0}}, "limits.max_connections"),
+    ({"limits": {"accepts_per_source_per_s": -1}}, "limits.accepts_per_source_per_s"),
     ({"logging": {"level": "LOUD"}}, "logging.level"),
     ({"surprise": {}}, "surprise"),
 ])

@@ -1,0 +1,298 @@
+"""`kproxy bench storm`: N light clients at once, through one kproxy node and directly.
+
+What a proxy node meets when another one dies: its clients all reconnect in
+the same second (issue 12). Against its own local 3-broker Kafka, for each N
+(``--clients``, default 1,000 / 4,000 / 10,000), in one run:
+
+* **direct**: N light clients (:mod:`chaos.bench.storm_load`: connect,
+  ApiVersions, Metadata, one small Produce with acks=1) connect at once to
+  the leader broker of a one-partition topic;
+* **proxy**: the same N at once to that broker identity's port on one kproxy
+  node (no fleet, a fresh process on its own loopback address, 127.0.0.35
+  on), its address taken from the node's own Metadata answer;
+* with ``backlog``, the same again through a node whose listeners have that
+  accept queue (``limits.listen_backlog``; 100 was the old default).
+
+Reported per N: time until every client was served (from the storm's start),
+per-client p50/p99 (connect to last answer), failures by kind, the kernel's
+listen overflows during the storm (every listener: the broker's too), the
+node's CPU time over the storm per client (connect, three requests, close),
+and the node's RSS per connection: its RSS while it holds every served
+client, minus its RSS before the storm (after a small warm-up storm), over N. Each proxy arm gets a
+fresh node so one storm's freed-but-kept memory does not hide the next one's,
+and its own address so the last storm's upstream sockets in TIME_WAIT do not
+eat the next one's ephemeral ports.
+
+File descriptors: the node holds two sockets per client and caps its clients at
+what its RLIMIT_NOFILE allows (proxy.listeners.client_capacity). The bench
+raises its own limit (the brokers and the node inherit it; root may raise the
+hard limit too) and reports the node's limit and how many clients it allows.
+
+Kafka's own accept queue (``socket.listen.backlog.size``, default 50) is left
+as Kafka ships it: the direct arm, and the node's upstream connects, meet it.
+"""
+
+from __future__ import annotations
+
+import resource
+import socket
+import struct
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+import uvloop
+
+from chaos.bench.frames import decode_response
+from chaos.bench.storm_load import (
+    CLIENT_DEADLINE_S,
+    DEFAULT_SOURCES,
+    LightRequests,
+    StormResult,
+    light_requests,
+    source_addresses,
+    storm,
+)
+from chaos.testbed.kafka_cluster import KafkaCluster, free_base_port
+from chaos.testbed.proxies import NodeProcess, fleet_config
+from proxy.config import DEFAULT_ACCEPTS_PER_SOURCE_PER_S, DEFAULT_LISTEN_BACKLOG
+from proxy.listeners import RESERVED_DESCRIPTORS, somaxconn
+
+DEFAULT_CLIENTS = (1000, 4000, 10_000)
+FIRST_NODE_IP = 35
+NODE_IPS = 6  # 127.0.0.35 .. .40, one per proxy arm, round robin
+WARM_UP_CLIENTS = 20
+NOFILE_WANTED = 1 << 16  # at least; the node needs two descriptors per client (proxy.listeners.client_capacity)
+KAFKA_DEFAULT_LISTEN_BACKLOG = 50  # socket.listen.backlog.size
+SETTLED_CONNECTIONS = 200  # the leader holds at most this many client connections before the next storm
+_LEN = struct.Struct(">i")
+
+
+def raise_nofile(wanted: int) -> tuple[int, int]:
+    """Raise this process' RLIMIT_NOFILE to ``wanted`` if it is lower (the hard limit too,
+    which needs root); returns the (soft, hard) limits in effect."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft >= wanted:
+        return soft, hard
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, max(hard, wanted)))
+    except (ValueError, OSError):
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
+
+
+def leader_address(host: str, port: int, topic: str, timeout: float = 30.0) -> tuple[int, str, int]:
+    """(broker id, host, port) of the leader of ``topic``'s partition 0, as the Kafka
+    endpoint at ``host:port`` (a broker or a proxy node) answers Metadata."""
+    requests = light_requests(topic, produce=False)
+    deadline = time.monotonic() + timeout
+    while True:
+        with socket.create_connection((host, port), timeout=10) as s:
+            s.sendall(requests.frames[1])
+            (size,) = _LEN.unpack(s.recv(4, socket.MSG_WAITALL))
+            _, body = decode_response(requests.response_types[1], s.recv(size, socket.MSG_WAITALL), framed=False)
+        partitions = [p for t in body.topics if t.name == topic for p in t.partitions if p.partition_index == 0]
+        brokers = {b.node_id: (b.host, b.port) for b in body.brokers}
+        if partitions and partitions[0].leader_id in brokers:
+            leader = partitions[0].leader_id
+            return int(leader), brokers[leader][0], int(brokers[leader][1])
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no leader for {topic} at {host}:{port} within {timeout}s")
+        time.sleep(0.2)
+
+
+def listen_overflows() -> int | None:
+    """The kernel's count of connections dropped because an accept queue was full
+    (TcpExt ListenOverflows, this network namespace, every listener); None off Linux."""
+    try:
+        with open("/proc/net/netstat") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for names, values in zip(lines, lines[1:]):
+        if names.startswith("TcpExt:") and values.startswith("TcpExt:"):
+            row = dict(zip(names.split()[1:], values.split()[1:]))
+            return int(row["ListenOverflows"]) if "ListenOverflows" in row else None
+    return None
+
+
+def _established_to(port: int) -> int:
+    """TCP connections established to local port ``port`` (the broker's side of them)."""
+    return sum(1 for c in psutil.net_connections(kind="tcp")
+               if c.status == psutil.CONN_ESTABLISHED and c.laddr and c.laddr.port == port)
+
+
+def _wait_settled(port: int, timeout: float = 60.0) -> None:
+    """Until the last storm's connections to ``port`` are gone (the broker closed them)."""
+    deadline = time.monotonic() + timeout
+    while _established_to(port) > SETTLED_CONNECTIONS:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{_established_to(port)} connections to port {port} still open after {timeout}s")
+        time.sleep(0.2)
+
+
+class _StormBench:
+    """One :func:`run`: its Kafka, the topic, the proxy nodes it starts one at a time."""
+
+    def __init__(self, tmp: Path, *, deadline_s: float, sources: int, progress: Callable[[str], None]) -> None:
+        self.tmp = tmp
+        self.deadline_s = deadline_s
+        self.sources = source_addresses(sources)
+        self.progress = progress
+        self.cluster: KafkaCluster | None = None
+        self.node: NodeProcess | None = None
+        self.arms = 0
+        self.topic = f"storm-{uuid.uuid4().hex[:8]}"
+        self.requests: LightRequests = light_requests(self.topic)
+        self.leader = (0, "", 0)
+        self.node_nofile: tuple[int, int] | None = None
+        self.overflows: int | None = None  # listen overflows during the last storm (any listener)
+        self.cpu_ms_per_connection = 0.0  # the node's CPU over the last proxied storm, per client
+
+    def start_brokers(self) -> None:
+        self.progress("starting a local 3-broker Kafka")
+        self.cluster = KafkaCluster(self.tmp / "kafka", 3, base_port=free_base_port(3)).start()
+        self.cluster.create_topic(self.topic, partitions=1)
+        first = self.cluster.specs[0]
+        self.leader = leader_address(first.host, first.port, self.topic)
+
+    def _start_node(self, listen_backlog: int | None) -> tuple[NodeProcess, tuple[str, int]]:
+        assert self.cluster is not None
+        ip_last = FIRST_NODE_IP + self.arms % NODE_IPS
+        self.arms += 1
+        ip = f"127.0.0.{ip_last}"
+        limits = {"listen_backlog": listen_backlog} if listen_backlog is not None else {}
+        cfg = fleet_config(self.tmp / f"node-{self.arms}.toml", self.cluster.bootstrap, 1, first_ip=ip_last,
+                           fleet=False, extra={"limits": limits} if limits else None)
+        node = self.node = NodeProcess(cfg, "p1", ip, 9400, self.tmp / f"node-{self.arms}.log").start()
+        node.wait_ready(60)
+        assert node.pid is not None
+        self.node_nofile = psutil.Process(node.pid).rlimit(psutil.RLIMIT_NOFILE)
+        leader_id, host, port = leader_address(ip, 9092, self.topic)
+        if leader_id != self.leader[0]:
+            raise RuntimeError(f"the node names broker {leader_id} the leader, the brokers {self.leader[0]}")
+        return node, (host, port)
+
+    def _storm(self, host: str, port: int, clients: int, hold: Any = None) -> StormResult:
+        before = listen_overflows()
+        result = uvloop.run(storm(host, port, clients, self.requests, sources=self.sources,
+                                  deadline_s=self.deadline_s, hold=hold))
+        after = listen_overflows()
+        self.overflows = after - before if after is not None and before is not None else None
+        return result
+
+    def direct(self, clients: int) -> StormResult:
+        _, host, port = self.leader
+        _wait_settled(port)
+        self.progress(f"{clients} clients at once, directly to broker {self.leader[0]}")
+        return self._storm(host, port, clients)  # self.overflows: this storm's
+
+    def proxy(self, clients: int, listen_backlog: int | None = None) -> tuple[StormResult, float, int]:
+        """The storm through a fresh node: its result, the node's RSS bytes per connection
+        and the client connections it held at the peak."""
+        _wait_settled(self.leader[2])
+        node, (host, port) = self._start_node(listen_backlog)
+        try:
+            self._storm(host, port, WARM_UP_CLIENTS)  # one-time allocations (caches, imports) before "before"
+            assert node.pid is not None
+            proc = psutil.Process(node.pid)
+            rss_before = proc.memory_info().rss
+            held: dict[str, float] = {}
+
+            async def hold() -> None:
+                held["rss"] = proc.memory_info().rss
+                held["connections"] = _active_connections(node)
+
+            label = f" (listen_backlog {listen_backlog})" if listen_backlog is not None else ""
+            self.progress(f"{clients} clients at once, through kproxy{label}")
+            cpu_before = sum(proc.cpu_times()[:2])
+            result = self._storm(host, port, clients, hold)
+            self.cpu_ms_per_connection = (sum(proc.cpu_times()[:2]) - cpu_before) * 1000 / clients
+            rss_per_connection = (held["rss"] - rss_before) / clients
+            return result, rss_per_connection, int(held["connections"])
+        finally:
+            node.stop()
+            self.node = None
+
+    def stop(self) -> None:
+        if self.node is not None and self.node.alive():
+            self.node.stop()
+        if self.cluster is not None:
+            self.cluster.stop()
+
+
+def _active_connections(node: NodeProcess) -> float:
+    for line in node.get("/metrics").text.splitlines():
+        if line.startswith("kproxy_connections_active{"):
+            return float(line.rsplit(" ", 1)[1])
+    return -1.0
+
+
+def _row(clients: int, direct: StormResult, proxied: StormResult, rss_per_connection: float,
+         held: int) -> dict[str, Any]:
+    return {
+        "clients": clients,
+        "direct_all_served_s": direct.all_served_s, "proxy_all_served_s": proxied.all_served_s,
+        "direct_failed": direct.failed, "proxy_failed": proxied.failed,
+        "direct_p50_s": direct.p50_s, "direct_p99_s": direct.p99_s,
+        "proxy_p50_s": proxied.p50_s, "proxy_p99_s": proxied.p99_s,
+        "rss_bytes_per_connection": round(rss_per_connection),
+        "proxy_connections_held": held,
+        "direct_errors": direct.errors, "proxy_errors": proxied.errors,
+        "direct_connect_p99_s": direct.connect_p99_s, "proxy_connect_p99_s": proxied.connect_p99_s,
+        "direct_slow_connects": direct.slow_connects, "proxy_slow_connects": proxied.slow_connects,
+    }
+
+
+def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = None,
+        deadline_s: float = CLIENT_DEADLINE_S, sources: int = DEFAULT_SOURCES,
+        progress: Callable[[str], None] = print) -> dict[str, Any]:
+    nofile = raise_nofile(max(NOFILE_WANTED, 2 * max(clients) + 4 * RESERVED_DESCRIPTORS))
+    results: dict[str, Any] = {"storm": [], "listen_backlog": DEFAULT_LISTEN_BACKLOG, "somaxconn": somaxconn(),
+                               "sources": sources, "accepts_per_source_per_s": DEFAULT_ACCEPTS_PER_SOURCE_PER_S,
+                               "client_deadline_s": deadline_s, "kafka_listen_backlog": KAFKA_DEFAULT_LISTEN_BACKLOG,
+                               "load_average_before": [round(x, 2) for x in psutil.getloadavg()]}
+    with tempfile.TemporaryDirectory(prefix="kproxy-storm-") as tmp:
+        bench = _StormBench(Path(tmp), deadline_s=deadline_s, sources=sources, progress=progress)
+        try:
+            bench.start_brokers()
+            results["topic_leader"] = {"broker": bench.leader[0], "address": f"{bench.leader[1]}:{bench.leader[2]}"}
+            for n in clients:
+                direct = bench.direct(n)
+                direct_overflows = bench.overflows
+                proxied, rss, held = bench.proxy(n)
+                row = _row(n, direct, proxied, rss, held)
+                row["direct_listen_overflows"], row["proxy_listen_overflows"] = direct_overflows, bench.overflows
+                row["proxy_cpu_ms_per_connection"] = round(bench.cpu_ms_per_connection, 3)
+                if backlog is not None:
+                    other, other_rss, _ = bench.proxy(n, backlog)
+                    row[f"backlog_{backlog}"] = {"all_served_s": other.all_served_s, "failed": other.failed,
+                                                 "p50_s": other.p50_s, "p99_s": other.p99_s, "errors": other.errors,
+                                                 "rss_bytes_per_connection": round(other_rss),
+                                                 "listen_overflows": bench.overflows,
+                                                 "connect_p99_s": other.connect_p99_s,
+                                                 "slow_connects": other.slow_connects}
+                results["storm"].append(row)
+                progress(f"{n}: direct {direct.all_served_s} s ({direct.failed} failed), "
+                         f"kproxy {proxied.all_served_s} s ({proxied.failed} failed)")
+        finally:
+            bench.stop()
+    node_soft = bench.node_nofile[0] if bench.node_nofile else None
+    results["nofile"] = {"generator": list(nofile), "proxy_node": list(bench.node_nofile or ()),
+                         "proxy_node_max_clients": (node_soft - RESERVED_DESCRIPTORS) // 2 if node_soft else None}
+    results["targets"] = _targets(results["storm"])
+    return results
+
+
+def _targets(rows: list[dict[str, Any]]) -> dict[str, bool]:
+    """Issue 12: the largest storm all served within 2x the direct time, none failed."""
+    if not rows:
+        return {}
+    top = max(rows, key=lambda r: r["clients"])
+    within = (top["proxy_all_served_s"] is not None and top["direct_all_served_s"] is not None
+              and top["proxy_all_served_s"] <= 2 * top["direct_all_served_s"])
+    return {f"{top['clients']}_all_served_within_2x_direct": within,
+            f"{top['clients']}_none_failed": top["proxy_failed"] == 0}

@@ -249,13 +249,7 @@ class ResponseSplitter:
         self._frame += mv[pos : pos + take]
         pos += take
         self._remaining -= take
-        if self._remaining == 0:
-            if not self._emit_rewrite(out):
-                if pos < n:
-                    self._backlog.append(bytes(mv[pos:]))
-                return -1
-            self._state = _HEAD
-        return pos
+        return self._collected(mv, pos, n, out) if self._remaining == 0 else pos
 
     def _begin_collect(
         self, mv: memoryview, pos: int, n: int, length: int, in_chunk: bool, out: list[Buffer]
@@ -272,12 +266,16 @@ class ResponseSplitter:
             self._remaining = length - 4
             self._head.clear()
         self._state = _COLLECT
-        if self._remaining == 0:  # nothing more to wait for
-            if not self._emit_rewrite(out):
-                if pos < n:
-                    self._backlog.append(bytes(mv[pos:]))
-                return -1
-            self._state = _HEAD
+        return self._collected(mv, pos, n, out) if self._remaining == 0 else pos  # 0: nothing to wait for
+
+    def _collected(self, mv: memoryview, pos: int, n: int, out: list[Buffer]) -> int:
+        """The collected frame is whole: rewrite it and read heads again; -1 if
+        the rewrite stalled (the rest of the chunk, from ``pos``, is then queued)."""
+        if not self._emit_rewrite(out):
+            if pos < n:
+                self._backlog.append(bytes(mv[pos:]))
+            return -1
+        self._state = _HEAD
         return pos
 
     def _check_length(self, length: int) -> None:

@@ -22,6 +22,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from types import TracebackType
+from collections.abc import Callable
 from typing import IO, Any
 
 import pyspark
@@ -82,6 +83,10 @@ class LocalStandalone:
         return subprocess.Popen([spark_class(), *args], stdout=log, stderr=subprocess.STDOUT, env=env)
 
     def start(self, timeout_s: float = 90.0) -> LocalStandalone:
+        """Start the master, wait until it is ALIVE, then start the worker and wait
+        until it is registered. A worker launched before the master's endpoint
+        exists fails its first registration ("Cannot find endpoint") and backs off
+        for up to a minute, so the worker only starts once the master answers."""
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.port, self.ui_port, worker_ui = free_port(), free_port(), free_port()
         env = loopback_env(
@@ -89,31 +94,35 @@ class LocalStandalone:
             SPARK_DAEMON_MEMORY="256m",
             SPARK_DAEMON_JAVA_OPTS=jvm_options(),
         )
+        deadline = time.monotonic() + timeout_s
         self.master = self._launch(
             "master",
             ["org.apache.spark.deploy.master.Master", "--host", HOST, "--port", str(self.port), "--webui-port", str(self.ui_port)],
             env,
         )
-        self.worker = self._launch(
-            "worker",
-            [
-                "org.apache.spark.deploy.worker.Worker",
-                self.url,
-                "--host",
-                HOST,
-                "--webui-port",
-                str(worker_ui),
-                "--cores",
-                str(self.cores),
-                "--memory",
-                self.memory,
-                "--work-dir",
-                str(self.work_dir / "work"),
-            ],
-            env,
-        )
         try:
-            self.wait_for_worker(timeout_s)
+            self._wait(deadline, "the master to be ALIVE", lambda state: state.get("status") == "ALIVE")
+            self.worker = self._launch(
+                "worker",
+                [
+                    "org.apache.spark.deploy.worker.Worker",
+                    self.url,
+                    "--host",
+                    HOST,
+                    "--webui-port",
+                    str(worker_ui),
+                    "--cores",
+                    str(self.cores),
+                    "--memory",
+                    self.memory,
+                    "--work-dir",
+                    str(self.work_dir / "work"),
+                ],
+                env,
+            )
+            self._wait(
+                deadline, "a registered worker", lambda state: any(w.get("state") == "ALIVE" for w in state.get("workers", []))
+            )
         except BaseException:
             self.stop()
             raise
@@ -127,18 +136,19 @@ class LocalStandalone:
         except (urllib.error.URLError, OSError, ValueError):
             return None
 
-    def wait_for_worker(self, timeout_s: float) -> None:
-        """Poll the master until one ALIVE worker is registered, or fail at the deadline."""
-        deadline = time.monotonic() + timeout_s
+    def _wait(self, deadline: float, what: str, ready: Callable[[dict[str, Any]], bool]) -> None:
+        """Poll the master's status page until ``ready`` holds, or fail at the deadline."""
         while time.monotonic() < deadline:
             for name, proc in (("master", self.master), ("worker", self.worker)):
                 if proc is not None and proc.poll() is not None:
                     raise ClusterError(f"{name} exited with {proc.returncode}: {self._tail(name)}")
             state = self.state()
-            if state and any(w.get("state") == "ALIVE" for w in state.get("workers", [])):
+            if state is not None and ready(state):
                 return
             time.sleep(0.25)  # poll interval, the condition is checked above
-        raise ClusterError(f"no worker registered within {timeout_s:.0f} s: {self._tail('worker')}")
+        raise ClusterError(
+            f"no {what} before the deadline\n--- master log ---\n{self._tail('master')}\n--- worker log ---\n{self._tail('worker')}"
+        )
 
     def _tail(self, name: str) -> str:
         path = self.work_dir / f"{name}.log"

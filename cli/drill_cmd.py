@@ -104,8 +104,12 @@ def _print_summary(result: dict[str, Any]) -> None:
         else:
             console.print(f"{phase}: none observed")
     r = result["records"]
-    console.print(f"records: acked {r['acked']}, consumed {r['consumed']}, lost {result['lost']}, "
+    console.print(f"records: acked {r['acked']}, consumed {r['consumed']}, "
+                  f"in the final read {r.get('final_read', 0)}, lost {result['lost']}, "
                   f"duplicated {result['duplicated']}, client errors {r['errors']}")
+    final = result.get("final_read")
+    console.print("final read: none (lost counts what no consumer group read)" if final is None else
+                  f"final read via {final['via']}: {final['records']} records to the end of every partition")
     if result["lost_keys"]:
         console.print(f"lost: {', '.join(result['lost_keys'])}")
     if result["duplicated_keys"]:

@@ -126,10 +126,11 @@ class Target:
     bootstrap: list[str]
     fleet: Any | None = None
     kafka: Any | None = None
+    client_exec: tuple[str, ...] = ()  # runs a workload on the clients' host (emulated hosts)
 
     @classmethod
     def of_fleet(cls, fleet: Any) -> "Target":
-        return cls(list(fleet.bootstrap), fleet, getattr(fleet, "kafka", None))
+        return cls(list(fleet.bootstrap), fleet, getattr(fleet, "kafka", None), tuple(getattr(fleet, "client_exec", ())))
 
     @classmethod
     def of_kafka(cls, kafka: Any) -> "Target":
@@ -311,6 +312,7 @@ class DrillRun:
             "run_id": self.run_id, "fault": config.fault, "repeat": config.repeat, "seed": self.seed,
             "topic": self.topic, "bootstrap": self.target.bootstrap, "rate": config.rate,
             "with_fleet": self.target.fleet is not None, "clients": [attrs.asdict(s) for s in self.specs],
+            "client_exec": list(self.target.client_exec),
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in attrs.asdict(config).items()
                        if not callable(v)},
         }
@@ -350,7 +352,8 @@ class DrillRun:
         self.report("creating topic")
         await in_thread(self.target.create_topic, self.topic, config.partitions, config.replication, timeout_s=120)
         cmds = workload_commands(self.specs, bootstrap=self.target.bootstrap, topic=self.topic,
-                                 trace_dir=self.trace_dir, run_id=self.run_id, rate=config.rate, python=config.python)
+                                 trace_dir=self.trace_dir, run_id=self.run_id, rate=config.rate, python=config.python,
+                                 prefix=self.target.client_exec)
         for role in ("consumer", "producer"):
             if cmds[role]:
                 self.groups[role] = WorkloadGroup(role, cmds[role], self.log_dir, config.stop_timeout_s)

@@ -39,7 +39,9 @@ from typing import Any
 
 import attrs
 
-SUBNET = ipaddress.ip_network("198.18.0.0/24")
+from proxy.addresses.config import TEST_RANGE
+
+SUBNET = TEST_RANGE  # the netns address mover takes addresses of this range only
 BRIDGE_HOST = 1
 KAFKA_HOST = 2
 CLIENTS_HOST = 3

@@ -79,3 +79,65 @@ def test_netns_fleet_carries_records_from_the_clients_host_and_leaves_nothing(tm
         down = CliRunner().invoke(cli, ["fleet", "down", "--state-dir", str(state)])
     assert down.exit_code == 0, down.output
     assert _left_behind(tag) == []
+
+
+LISTEN_ONCE = """
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((sys.argv[1], 7000))
+s.listen()
+print("listening", flush=True)
+c, _ = s.accept()
+c.sendall(sys.argv[2].encode())
+c.close()
+"""
+ASK = """
+import socket, sys
+with socket.create_connection((sys.argv[1], 7000), timeout=3) as s:
+    print(s.recv(16).decode())
+"""
+TAKE = """
+import sys
+from proxy.addresses.config import parse_mover_config
+from proxy.addresses.movers import build_mover
+from proxy.addresses.plan import FloatingAddress
+build_mover(parse_mover_config({"mover": "netns"})).take(FloatingAddress.parse(sys.argv[1], "p1"))
+"""
+
+
+def _answer(net_prefix: tuple[str, ...], listen_on: str, name: str, ask: str, client: tuple[str, ...]) -> str:
+    """Who answers ``ask``:7000 from the clients' host while ``name`` listens on ``listen_on``."""
+    server = subprocess.Popen([*net_prefix, sys.executable, "-c", LISTEN_ONCE, listen_on, name],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None and server.stdout.readline().strip() == "listening"
+        proc = subprocess.run([*client, sys.executable, "-c", ASK, ask], capture_output=True, text=True, timeout=20)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stdout.strip()
+    finally:
+        server.kill()
+        server.wait(5)
+
+
+def test_netns_mover_moves_a_dead_hosts_address_to_a_survivor(tmp_path):
+    """p1's host goes dark (its link down); p2 takes 198.18.0.11 with the netns mover (ip addr +
+    raw gratuitous ARP); the clients' host, whose ARP cache still named p1, reaches p2 there at once."""
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"emulated hosts need network namespaces: {reason}")
+    from chaos.testbed.hosts import HostNet, plan_hosts, tag_for
+
+    plan = plan_hosts(tag_for(tmp_path), ["p1", "p2"])
+    net = HostNet(plan).create()
+    try:
+        p1, p2, clients = (plan.exec_prefix(n) for n in ("p1", "p2", "clients"))
+        assert _answer(p1, "198.18.0.11", "p1", "198.18.0.11", clients) == "p1"  # the clients' ARP cache: p1
+        subprocess.run([*p1, "ip", "link", "set", "eth0", "down"], check=True)
+        take = subprocess.run([*p2, sys.executable, "-c", TAKE, "198.18.0.11/24"], capture_output=True, text=True,
+                              timeout=30)
+        assert take.returncode == 0, take.stderr[-2000:]
+        assert _answer(p2, "198.18.0.11", "p2", "198.18.0.11", clients) == "p2"
+    finally:
+        left = net.remove()
+    assert left == []

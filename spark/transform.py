@@ -289,7 +289,8 @@ def _record_events(events: DataFrame) -> DataFrame:
 
 def consumer_readers(events: DataFrame) -> list[str]:
     """The distinct readers of the trace, the final read included (runs a small query)."""
-    rows = _record_events(events).filter(F.col("reader").isNotNull()).select(F.col("reader").alias("r")).distinct().collect()
+    readers = _record_events(events).filter(F.col("reader").isNotNull()).select(F.col("reader").alias("r"))
+    rows = readers.distinct().collect()
     return sorted(row["r"] for row in rows)
 
 

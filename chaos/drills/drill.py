@@ -130,7 +130,8 @@ class Target:
 
     @classmethod
     def of_fleet(cls, fleet: Any) -> "Target":
-        return cls(list(fleet.bootstrap), fleet, getattr(fleet, "kafka", None), tuple(getattr(fleet, "client_exec", ())))
+        return cls(list(fleet.bootstrap), fleet, getattr(fleet, "kafka", None),
+                   tuple(getattr(fleet, "client_exec", ())))
 
     @classmethod
     def of_kafka(cls, kafka: Any) -> "Target":

@@ -37,7 +37,8 @@ def _left_behind(tag: str) -> list[str]:
     left = [f"netns {n['name']}" for n in _ip_json("netns", "list") if n["name"].startswith(tag)]
     left += [f"link {link['ifname']}" for link in _ip_json("link", "show") if link["ifname"].startswith(tag)]
     left += [f"address {a['local']} on {link['ifname']}" for link in _ip_json("addr", "show")
-             for a in link.get("addr_info", []) if a.get("family") == "inet" and ipaddress.ip_address(a["local"]) in SUBNET]
+             for a in link.get("addr_info", [])
+             if a.get("family") == "inet" and ipaddress.ip_address(a["local"]) in SUBNET]
     return left
 
 

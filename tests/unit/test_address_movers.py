@@ -29,7 +29,8 @@ def test_no_table_and_none_are_the_loopback_default():
 
 def test_netns_defaults_to_eth0_the_test_range_and_raw_arp():
     c = parse_mover_config({"mover": "netns"})
-    assert (c.kind, c.interface, [str(n) for n in c.networks], c.announce) == ("netns", "eth0", ["198.18.0.0/24"], "raw")
+    assert (c.kind, c.interface, c.announce) == ("netns", "eth0", "raw")
+    assert [str(n) for n in c.networks] == ["198.18.0.0/24"]
     with pytest.raises(MoverConfigError, match="takes only 198.18.0.0/24"):
         parse_mover_config({"mover": "netns", "networks": ["10.0.0.0/24"]})
 

@@ -24,7 +24,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from chaos.testbed.hosts import LOOPBACK, NETNS, HostNet, HostPlan, HostsError, plan_hosts, tag_for
+from chaos.testbed.hosts import (LOOPBACK, NETNS, HostNet, HostPlan, HostsError, plan_hosts, tag_for,
+                                 unavailable_reason)
 from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError
 from chaos.testbed.proxies import ADMIN_PORT, NodeProcess, ProxyProcessError, fleet_config, node_ip
 from proxy.admin_client import AdminError, ClusterAdmin
@@ -72,6 +73,8 @@ class LocalFleet(ClusterAdmin):
         if plan is not None and kafka_bootstrap is not None:
             for address in _split(kafka_bootstrap):
                 plan.require_owned(address)  # an outside Kafka is not on a link the launcher made: refused
+        if plan is not None and (reason := unavailable_reason()) is not None:
+            raise HostsError(f"emulated hosts (--hosts netns) cannot be made here: {reason}")
         fleet = cls(state, state / "fleet.toml", [], None, [], plan)
         fleet._save()  # the plan is on disk before anything exists: `fleet down` can always undo it
         try:

@@ -50,14 +50,20 @@ detect / commit
 
 records: lost, duplicated
     A record is (run_id, topic, key, seq) (``RECORD_KEY``), counted from the
-    client success events that carry a key or a seq. Lost: acknowledged and
-    consumed by no consumer group. Duplicated: consumed more than once by one
-    group (a consumer without a group is its own group, named
-    ``"client:" + client_id``); ``duplicated`` counts (record, group) pairs.
-    Unacked-consumed: consumed although no ack was seen (an at-least-once
-    retry whose ack was lost; not an error). The drill summary also counts,
-    per group, the acknowledged records of its topic that this group never
-    read (``missed_by_group``).
+    client success events and the verifier's ``read`` events that carry a key
+    or a seq. A topic is *verified* when the trace holds a ``read_end`` of the
+    final read (source ``verifier``) for its (run_id, topic): the verifier read
+    every partition from the start to its end after the drills.
+    Lost: acknowledged and, in a verified topic, not in the final read; in a
+    topic without a final read (older traces, a verifier that failed),
+    consumed by no consumer group. Duplicated: read more than once by one
+    reader. Readers are the consumer groups (a consumer without a group is its
+    own group, named ``"client:" + client_id``) and the final read
+    (``FINAL_READ``: a record twice in the log); ``duplicated`` counts (record,
+    reader) pairs. Unacked-consumed: consumed by a group although no ack was
+    seen (an at-least-once retry whose ack was lost; not an error). The drill
+    summary also counts, per group, the acknowledged records of its topic that
+    this group never read (``missed_by_group``).
 
 Nothing here reads a clock or a random source: the same trace gives the same
 measures.
@@ -76,6 +82,10 @@ NS_PER_MS = 1_000_000
 
 CLIENT = "client"  # the ``source`` of client events
 FLEET = "fleet"  # the ``source`` of fleet events
+VERIFIER = "verifier"  # the ``source`` of the final read's events
+VERIFIED_READ = "read"  # one record found by the final read
+VERIFIED_END = "read_end"  # the final read of a topic reached the end of every partition
+FINAL_READ = "final-read"  # the reader name of the final read in ``duplicated``
 SUCCESS_EVENT = {"producer": "ack", "consumer": "consume"}  # per role
 ACK = SUCCESS_EVENT["producer"]
 CONSUME = SUCCESS_EVENT["consumer"]
@@ -298,6 +308,8 @@ class Records:
     duplicated: list[tuple[tuple[str, str, str | None, int | None], str, int]]  # (record, group, times)
     unacked_consumed: int
     missed_by_group: dict[str, int]
+    final_read: int = 0  # distinct records the final read found
+    verified_topics: list[tuple[str, str]] = attrs.Factory(list)  # (run_id, topic) read to the end
 
     @property
     def duplicated_extra(self) -> int:
@@ -307,8 +319,16 @@ class Records:
 def record_outcomes(events: Iterable[dict[str, Any]]) -> Records:
     acked: set[tuple[Any, ...]] = set()
     reads: dict[tuple[Any, ...], dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    final_reads: dict[tuple[Any, ...], int] = defaultdict(int)
+    verified: set[tuple[str, str]] = set()
     group_topics: dict[str, set[tuple[str, str]]] = defaultdict(set)
     for e in events:
+        if e["source"] == VERIFIER:
+            if e["event"] == VERIFIED_END:
+                verified.add((e["run_id"], e["topic"]))
+            elif e["key"] is not None or e["seq"] is not None:
+                final_reads[(e["run_id"], e["topic"], e["key"], e["seq"])] += 1
+            continue
         if e["source"] != CLIENT or e["event"] not in SUCCESS_EVENTS:
             continue
         if e["key"] is None and e["seq"] is None:
@@ -320,14 +340,20 @@ def record_outcomes(events: Iterable[dict[str, Any]]) -> Records:
             reader = e["group"] if e["group"] is not None else NO_GROUP_READER + str(e["client_id"])
             reads[rec][reader] += 1
             group_topics[reader].add((e["run_id"], e["topic"]))
-    lost = sorted((r for r in acked if r not in reads), key=_record_order)
-    duplicated = sorted(((r, g, n) for r, gs in reads.items() for g, n in gs.items() if n > 1),
-                        key=lambda x: (_record_order(x[0]), x[1]))
+
+    def is_lost(r: tuple[Any, ...]) -> bool:
+        return r not in final_reads if (r[0], r[1]) in verified else r not in reads
+
+    lost = sorted((r for r in acked if is_lost(r)), key=_record_order)
+    per_reader = [(r, g, n) for r, gs in reads.items() for g, n in gs.items()]
+    per_reader += [(r, FINAL_READ, n) for r, n in final_reads.items()]
+    duplicated = sorted(((r, g, n) for r, g, n in per_reader if n > 1), key=lambda x: (_record_order(x[0]), x[1]))
     unacked = sum(1 for r in reads if r not in acked)
     missed = {}
     for group, topics in sorted(group_topics.items()):
         missed[group] = sum(1 for r in acked if (r[0], r[1]) in topics and group not in reads.get(r, {}))
-    return Records(len(acked), len(reads), lost, duplicated, unacked, missed)
+    return Records(len(acked), len(reads), lost, duplicated, unacked, missed, len(final_reads),
+                   sorted(verified))
 
 
 def _record_order(rec: tuple[Any, ...]) -> tuple[Any, ...]:

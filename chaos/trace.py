@@ -20,6 +20,12 @@ Fleet events (``source == "fleet"``):
   assignment_committed  an assignment was committed (epoch, detail = JSON map)
   node_back             a node is serving again (node)
   drill_start / drill_end   bracket one repetition (fault)
+
+Verifier events (``source == "verifier"``), written by the final read after the drills
+(``chaos.drills.verify``), not by a workload client:
+  read      one record found in the topic's log (topic, partition, offset, key, seq)
+  read_end  the final read of ``topic`` reached the end of every partition (detail = JSON:
+            the end offsets per partition and the path read, ``fleet`` or ``brokers``)
 """
 
 from __future__ import annotations
@@ -60,6 +66,9 @@ CLIENT_EVENTS = frozenset({"send", "ack", "error", "consume"})
 FLEET_EVENTS = frozenset(
     {"fault", "node_down", "assignment_committed", "node_back", "drill_start", "drill_end"}
 )
+VERIFIER_EVENTS = frozenset({"read", "read_end"})
+EVENTS_BY_SOURCE: dict[str, frozenset[str]] = {
+    "client": CLIENT_EVENTS, "fleet": FLEET_EVENTS, "verifier": VERIFIER_EVENTS}
 CLIENT_FAMILIES = frozenset(FAMILIES)
 
 
@@ -100,31 +109,26 @@ def check_event(obj: Any, *, complete: bool = True) -> str | None:
         elif not isinstance(value, str):
             return f"field {name!r} must be a string, got {json.dumps(value)}"
     source, event = obj["source"], obj["event"]
+    if source not in EVENTS_BY_SOURCE:
+        return f"unknown source {source!r}"
+    if event not in EVENTS_BY_SOURCE[source]:
+        return f"unknown {source} event {event!r}"
     if source == "client":
-        if event not in CLIENT_EVENTS:
-            return f"unknown client event {event!r}"
         if complete and obj["client_id"] is None:
             return "client event without client_id"
         if complete and obj["family"] not in CLIENT_FAMILIES:
             return f"unknown client family {obj['family']!r}"
-    elif source == "fleet":
-        if event not in FLEET_EVENTS:
-            return f"unknown fleet event {event!r}"
-    else:
-        return f"unknown source {source!r}"
+    elif source == "verifier" and complete and obj["topic"] is None:
+        return "verifier event without topic"
     return None
 
 
 def make_event(source: str, event: str, *, ts_ns: int | None = None, run_id: str, **fields: Any) -> dict[str, Any]:
     """Build one event dict with every schema field present, validated."""
-    if source == "client":
-        if event not in CLIENT_EVENTS:
-            raise TraceError(f"unknown client event {event!r}")
-    elif source == "fleet":
-        if event not in FLEET_EVENTS:
-            raise TraceError(f"unknown fleet event {event!r}")
-    else:
+    if source not in EVENTS_BY_SOURCE:
         raise TraceError(f"unknown source {source!r}")
+    if event not in EVENTS_BY_SOURCE[source]:
+        raise TraceError(f"unknown {source} event {event!r}")
     unknown = set(fields) - set(FIELD_NAMES)
     if unknown:
         raise TraceError(f"unknown trace fields {sorted(unknown)}")
@@ -171,6 +175,9 @@ class TraceWriter:
 
     def fleet(self, event: str, **fields: Any) -> dict[str, Any]:
         return self.emit("fleet", event, **fields)
+
+    def verifier(self, event: str, **fields: Any) -> dict[str, Any]:
+        return self.emit("verifier", event, **fields)
 
     def close(self) -> None:
         with self._lock:

@@ -7,6 +7,8 @@ import json
 import click
 from rich.console import Console
 
+from chaos.testbed.hosts import HOST_MODES, LOOPBACK
+
 
 @click.group()
 def bench() -> None:
@@ -57,9 +59,11 @@ def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_rounds: 
 @click.option("--state-dir", default=None, help="Use a running local fleet instead of starting one.")
 @click.option("--out", "out_dir", default=None, help="Keep the traces here.")
 @click.option("--seed", type=int, default=None)
+@click.option("--hosts", type=click.Choice(HOST_MODES), default=LOOPBACK, show_default=True,
+              help="The fleet brought up: on loopback, or each node on an emulated host (netns, needs root).")
 @click.option("--json", "as_json", is_flag=True)
 def bench_failover(drills: int, drains: int, clients: str | None, rate: float, state_dir: str | None,
-                   out_dir: str | None, seed: int | None, as_json: bool) -> None:
+                   out_dir: str | None, seed: int | None, hosts: str, as_json: bool) -> None:
     """RTO per client family over many SIGKILL drills (and drains), detection and commit times."""
     from chaos.bench.failover import DEFAULT_CLIENTS, run
 
@@ -72,7 +76,7 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
             console.print(f"[dim]… {status['phase']}[/dim]")
 
     results = run(drills=drills, drains=drains, clients=clients or DEFAULT_CLIENTS, rate=rate, state_dir=state_dir,
-                  out_dir=out_dir, seed=seed, progress=progress)
+                  out_dir=out_dir, seed=seed, progress=progress, hosts=hosts)
     if as_json:
         click.echo(json.dumps(results, indent=2, default=str))
         return

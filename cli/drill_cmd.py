@@ -20,6 +20,7 @@ import click
 
 from chaos.clients import FAMILIES
 from chaos.drills.fault_names import CONTROLS, FAULTS
+from chaos.testbed.hosts import HOST_MODES, LOOPBACK
 from proxy.admin_client import AdminError
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
@@ -104,8 +105,12 @@ def _print_summary(result: dict[str, Any]) -> None:
         else:
             console.print(f"{phase}: none observed")
     r = result["records"]
-    console.print(f"records: acked {r['acked']}, consumed {r['consumed']}, lost {result['lost']}, "
+    console.print(f"records: acked {r['acked']}, consumed {r['consumed']}, "
+                  f"in the final read {r.get('final_read', 0)}, lost {result['lost']}, "
                   f"duplicated {result['duplicated']}, client errors {r['errors']}")
+    final = result.get("final_read")
+    console.print("final read: none (lost counts what no consumer group read)" if final is None else
+                  f"final read via {final['via']}: {final['records']} records to the end of every partition")
     if result["lost_keys"]:
         console.print(f"lost: {', '.join(result['lost_keys'])}")
     if result["duplicated_keys"]:
@@ -133,14 +138,21 @@ def _print_summary(result: dict[str, Any]) -> None:
               help="Records per second per producer.")
 @click.option("--direct", is_flag=True, help="Clients talk to Kafka itself, no proxy (baseline; broker-kill).")
 @click.option("--progress/--no-progress", default=None, help="Live progress on stderr (default: on a terminal).")
+@click.option("--hosts", type=click.Choice(HOST_MODES), default=None,
+              help="The fleet this drill brings up: loopback (default) or netns (emulated hosts, needs root). "
+                   "With --state-dir the running fleet's own mode is used.")
 def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: str, as_json: bool,
-        state_dir: str | None, seed: int | None, rate: float, direct: bool, progress: bool | None) -> None:
+        state_dir: str | None, seed: int | None, rate: float, direct: bool, progress: bool | None,
+        hosts: str | None) -> None:
     """Run FAULT under load REPEAT times and print RTO, lost and duplicated records."""
     from chaos.drills.drill import DrillConfig, Target, new_seed, run_drill
     from chaos.testbed.fleet import LocalFleet
+    from chaos.testbed.hosts import HostsError
     from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError, free_base_port
     from chaos.testbed.proxies import ProxyProcessError
 
+    if hosts is not None and (state_dir or direct):
+        raise click.UsageError("--hosts applies to a fleet the drill brings up (not with --state-dir or --direct)")
     seed = new_seed() if seed is None else seed
     click.echo(f"seed {seed}", err=True)
     config = DrillConfig(fault=fault, out_dir=Path(out_dir), repeat=repeat, clients=clients, rate=rate, seed=seed)
@@ -166,8 +178,11 @@ def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: 
                 else:
                     owned_dir = tempfile.mkdtemp(prefix="kproxy-drill-fleet-")
                     click.echo(f"starting a local fleet in {owned_dir}", err=True)
-                    fleet = owned = LocalFleet.up(owned_dir, kafka_base_port=free_base_port())
-            except (AdminError, KafkaError, ProxyProcessError) as exc:
+                    if (hosts or LOOPBACK) == LOOPBACK:
+                        fleet = owned = LocalFleet.up(owned_dir, kafka_base_port=free_base_port())
+                    else:  # a fresh namespace: the default ports are free there
+                        fleet = owned = LocalFleet.up(owned_dir, hosts=hosts)
+            except (AdminError, KafkaError, ProxyProcessError, HostsError) as exc:
                 _fail(f"no local fleet: {exc}")
             target = Target.of_fleet(fleet)
         with _Live(show) as live:

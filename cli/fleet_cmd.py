@@ -11,12 +11,18 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from chaos.testbed.hosts import HOST_MODES, LOOPBACK
 from proxy.admin_client import AdminError, ClusterAdmin
 from proxy.status import FleetView
 
 if TYPE_CHECKING:  # the local launcher needs the [chaos] extra: imported where a command uses it
     from chaos.testbed.fleet import LocalFleet
 
+hosts_option = click.option(
+    "--hosts", type=click.Choice(HOST_MODES), default=LOOPBACK, show_default=True,
+    help="loopback: every process on this host's loopback (127.0.0.x); netns: each proxy node, the brokers "
+         "and the drill clients on an emulated host of its own (a network namespace on a bridge, 198.18.0.0/24; "
+         "needs root).")
 state_dir_option = click.option("--state-dir", required=True, type=click.Path(file_okay=False),
                                 help="Directory holding the local fleet's state.")
 console = Console()
@@ -74,20 +80,22 @@ def fleet() -> None:
 @click.option("--timeout", type=float, default=120.0, show_default=True)
 @click.option("--first-ip", type=click.IntRange(2, 250), default=11, show_default=True,
               help="Node i gets 127.0.0.<first-ip + i>: two fleets on one machine need different ranges.")
+@hosts_option
 @click.option("--json", "as_json", is_flag=True)
 def fleet_up(brokers: int, proxies: int, state_dir: str, bootstrap: str | None, timeout: float, first_ip: int,
-             as_json: bool) -> None:
+             hosts: str, as_json: bool) -> None:
     """Start the fleet, wait for a leader and every identity assigned, print the bootstrap list."""
     if first_ip + proxies - 1 > 254:
         raise click.BadParameter(f"127.0.0.{first_ip + proxies - 1} is past 127.0.0.254", param_hint="--first-ip")
     from chaos.testbed.fleet import LocalFleet
+    from chaos.testbed.hosts import HostsError
     from chaos.testbed.kafka_cluster import KafkaError
     from chaos.testbed.proxies import ProxyProcessError
 
     try:
         f = LocalFleet.up(state_dir, brokers=brokers, proxies=proxies, kafka_bootstrap=bootstrap, timeout=timeout,
-                          first_ip=first_ip)
-    except (AdminError, KafkaError, ProxyProcessError, OSError) as exc:
+                          first_ip=first_ip, hosts=hosts)
+    except (AdminError, KafkaError, ProxyProcessError, HostsError, OSError) as exc:
         _fail(exc)
     view = f.fleet_view()
     if as_json:
@@ -101,10 +109,14 @@ def fleet_up(brokers: int, proxies: int, state_dir: str, bootstrap: str | None, 
 @fleet.command("down")
 @state_dir_option
 def fleet_down(state_dir: str) -> None:
-    """Stop every process `fleet up` started (proxies, then Kafka)."""
+    """Stop every process `fleet up` started (proxies, then Kafka); remove its emulated hosts."""
     f = _load(state_dir)
-    f.down()
-    click.echo(f"stopped proxies {f.node_ids}" + (" and the local Kafka" if f.kafka else ""))
+    try:
+        f.down()
+    except AdminError as exc:  # LocalFleetError: an emulated host could not be removed
+        _fail(exc)
+    click.echo(f"stopped proxies {f.node_ids}" + (" and the local Kafka" if f.kafka else "")
+               + (f"; removed emulated hosts {f.hosts.tag}-*" if f.hosts else ""))
 
 
 # ---------------------------------------------------------------- cluster

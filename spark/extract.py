@@ -28,7 +28,7 @@ from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from chaos.trace import CLIENT_EVENTS, FIELDS, FLEET_EVENTS
+from chaos.trace import EVENTS_BY_SOURCE, FIELDS
 from spark.schema import ARROW_TYPES, COLUMNS, REQUIRED, TRACE_SCHEMA, check_json_line
 
 JSONL = "jsonl"
@@ -196,8 +196,7 @@ def _first_bad_row(path: Path) -> int | None:
 def _bad_row(row: dict[str, object]) -> bool:
     if any(row.get(name) is None for name in REQUIRED):
         return True
-    allowed = CLIENT_EVENTS if row["source"] == "client" else FLEET_EVENTS if row["source"] == "fleet" else frozenset()
-    return row["event"] not in allowed
+    return row["event"] not in EVENTS_BY_SOURCE.get(str(row["source"]), frozenset())
 
 
 # -- shared -------------------------------------------------------------------
@@ -205,9 +204,9 @@ def _bad_row(row: dict[str, object]) -> bool:
 
 def bad_event(df: DataFrame) -> Column:
     """True for an event without ts_ns/run_id/source/event or with an unknown event."""
-    known = ((F.col("source") == "client") & F.col("event").isin(*sorted(CLIENT_EVENTS))) | (
-        (F.col("source") == "fleet") & F.col("event").isin(*sorted(FLEET_EVENTS))
-    )
+    known = F.lit(False)
+    for source, events in sorted(EVENTS_BY_SOURCE.items()):
+        known = known | ((F.col("source") == source) & F.col("event").isin(*sorted(events)))
     missing = F.col("ts_ns").isNull() | F.col("run_id").isNull()
     return missing | ~F.coalesce(known, F.lit(False))
 

@@ -53,7 +53,7 @@ def render(report: dict[str, Any]) -> RenderableType:
     records.add_column("what")
     records.add_column("count", justify="right")
     records.add_column("keys")
-    records.add_row("lost (acked, never consumed)", str(lost["count"]), _keys(lost["keys"], lost["count"]))
+    records.add_row("lost (acked, never read back)", str(lost["count"]), _keys(lost["keys"], lost["count"]))
     records.add_row(
         "duplicated (consumed twice by one group)", str(dup["count"]), _keys(dup["keys"], dup["count"])
     )

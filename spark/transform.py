@@ -21,8 +21,9 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
-from chaos.measures import (ACK, BOUNDARY_RANK, CLIENT, COMMITTED, CONSUME, FAULT, FLEET, NO_GROUP_READER, NODE_DOWN,
-                            NS_PER_MS, PERCENTILES, RECORD_KEY, SUCCESS_EVENTS, UNKNOWN, percentile_label)
+from chaos.measures import (ACK, BOUNDARY_RANK, CLIENT, COMMITTED, CONSUME, FAULT, FINAL_READ, FLEET, NO_GROUP_READER,
+                            NODE_DOWN, NS_PER_MS, PERCENTILES, RECORD_KEY, SUCCESS_EVENTS, UNKNOWN, VERIFIED_END,
+                            VERIFIED_READ, VERIFIER, percentile_label)
 from chaos.measures import FAULT_KEY as _FAULT_KEY
 
 BUCKET_MS = 100
@@ -268,41 +269,70 @@ _READS_TYPE = "array<struct<group:string,times:bigint>>"
 
 
 def _reader() -> Column:
-    """Who read a consume event: its group, or the client itself when it has none."""
-    return F.coalesce(F.col("group"), F.concat(F.lit(NO_GROUP_READER), F.coalesce(F.col("client_id"), F.lit("?"))))
+    """Who read a record: the consume event's group, or the client itself when it has none; the
+    final read for the verifier's reads; null for an ack."""
+    group = F.coalesce(F.col("group"), F.concat(F.lit(NO_GROUP_READER), F.coalesce(F.col("client_id"), F.lit("?"))))
+    return F.when(_is_client() & (F.col("event") == CONSUME), group).when(_is_final_read(), F.lit(FINAL_READ))
+
+
+def _is_final_read() -> Column:
+    return (F.col("source") == VERIFIER) & (F.col("event") == VERIFIED_READ)
 
 
 def _record_events(events: DataFrame) -> DataFrame:
+    """Acks, consumes and the final read's records: RECORD_KEY, reader (null for an ack)."""
     return events.filter(
-        _is_client() & F.col("event").isin(*SUCCESS_EVENTS) & (F.col("key").isNotNull() | F.col("seq").isNotNull())
-    ).select(*RECORD_KEY, "event", F.when(F.col("event") == CONSUME, _reader()).alias("reader"))
+        ((_is_client() & F.col("event").isin(*SUCCESS_EVENTS)) | _is_final_read())
+        & (F.col("key").isNotNull() | F.col("seq").isNotNull())
+    ).select(*RECORD_KEY, _reader().alias("reader"))
 
 
 def consumer_readers(events: DataFrame) -> list[str]:
-    """The distinct readers of the trace (runs a small query)."""
-    rows = events.filter(_is_client() & (F.col("event") == CONSUME)).select(_reader().alias("r")).distinct().collect()
+    """The distinct readers of the trace, the final read included (runs a small query)."""
+    readers = _record_events(events).filter(F.col("reader").isNotNull()).select(F.col("reader").alias("r"))
+    rows = readers.distinct().collect()
     return sorted(row["r"] for row in rows)
+
+
+def verified_topics(events: DataFrame) -> DataFrame:
+    """The (run_id, topic) pairs the final read read to the end: run_id, topic, verified (true)."""
+    return (events.filter((F.col("source") == VERIFIER) & (F.col("event") == VERIFIED_END))
+            .select("run_id", "topic").distinct().withColumn("verified", F.lit(True)))
 
 
 def record_outcomes(
     events: DataFrame, readers: list[str] | None = None, *, max_pivot: int = MAX_PIVOT_READERS
 ) -> DataFrame:
-    """One row per record: run_id, topic, key, seq, acked, consumes, dup_readers, reads.
+    """One row per record: run_id, topic, key, seq, acked, consumes, final_reads, verified,
+    dup_readers, reads.
 
-    ``reads`` lists (group, times) for every reader of the trace (times may be
-    0); ``dup_readers`` is how many readers read the record more than once.
-    ``readers`` (the distinct readers, from ``consumer_readers``) is computed
-    when not given. With at most ``max_pivot`` readers this is one shuffle of
-    acks and consumes with numeric aggregates only.
+    ``consumes`` counts the reads of consumer groups, ``final_reads`` those of the final read;
+    ``verified`` says the record's topic was read to the end by the final read. ``reads`` lists
+    (group, times) for every reader of the trace (times may be 0; the final read is the reader
+    ``FINAL_READ``); ``dup_readers`` is how many readers read the record more than once.
+    ``readers`` (the distinct readers, from ``consumer_readers``) is computed when not given.
+    With at most ``max_pivot`` readers this is one shuffle of acks and reads with numeric
+    aggregates only.
     """
     readers = sorted(consumer_readers(events) if readers is None else readers)
     records = _record_events(events)
     if len(readers) > max_pivot:
-        return _record_outcomes_two_pass(records)
+        grouped = _record_outcomes_two_pass(records)
+    else:
+        grouped = _record_outcomes_pivot(records, readers)
+    return (grouped.join(F.broadcast(verified_topics(events)), ["run_id", "topic"], "left")
+            .select(*RECORD_KEY, "acked", "consumes", "final_reads",
+                    F.coalesce(F.col("verified"), F.lit(False)).alias("verified"), "dup_readers", "reads"))
+
+
+def _record_outcomes_pivot(records: DataFrame, readers: list[str]) -> DataFrame:
+    """``record_outcomes`` before the join with the verified topics, one column per reader."""
     counts = [F.count(F.when(F.col("reader") == r, 1)).alias(f"_r{i}") for i, r in enumerate(readers)]
+    read = F.col("reader").isNotNull()
     grouped = records.groupBy(*RECORD_KEY).agg(
-        F.bool_or(F.col("event") == ACK).alias("acked"),
-        F.count("reader").alias("consumes"),
+        F.bool_or(~read).alias("acked"),
+        F.count(F.when(read & (F.col("reader") != FINAL_READ), 1)).alias("consumes"),
+        F.count(F.when(F.col("reader") == FINAL_READ, 1)).alias("final_reads"),
         *counts,
     )
     if readers:
@@ -310,7 +340,8 @@ def record_outcomes(
         reads = F.array(*[F.struct(F.lit(r).alias("group"), F.col(f"_r{i}").alias("times")) for i, r in enumerate(readers)])
     else:
         dup_readers, reads = F.lit(0).cast("long"), F.array().cast(_READS_TYPE)
-    return grouped.select(*RECORD_KEY, "acked", "consumes", dup_readers.alias("dup_readers"), reads.alias("reads"))
+    return grouped.select(*RECORD_KEY, "acked", "consumes", "final_reads", dup_readers.alias("dup_readers"),
+                          reads.alias("reads"))
 
 
 def _record_outcomes_two_pass(records: DataFrame) -> DataFrame:
@@ -320,16 +351,20 @@ def _record_outcomes_two_pass(records: DataFrame) -> DataFrame:
     """
     per_reader = records.repartition(*RECORD_KEY).groupBy(*RECORD_KEY, "reader").agg(F.count(F.lit(1)).alias("n"))
     read = F.col("reader").isNotNull()
+    final = F.col("reader") == FINAL_READ
     return per_reader.groupBy(*RECORD_KEY).agg(
         F.bool_or(~read).alias("acked"),
-        F.coalesce(F.sum(F.when(read, F.col("n"))), F.lit(0)).alias("consumes"),
+        F.coalesce(F.sum(F.when(read & ~final, F.col("n"))), F.lit(0)).alias("consumes"),
+        F.coalesce(F.sum(F.when(final, F.col("n"))), F.lit(0)).alias("final_reads"),
         F.count(F.when(read & (F.col("n") > 1), 1)).alias("dup_readers"),
         F.collect_list(F.when(read, F.struct(F.col("reader").alias("group"), F.col("n").alias("times")))).alias("reads"),
     )
 
 
 def _is_lost() -> Column:
-    return F.col("acked") & (F.col("consumes") == 0)
+    """Acked and not read: by the final read where the topic was read to the end, else by any group."""
+    not_read = F.when(F.col("verified"), F.col("final_reads") == 0).otherwise(F.col("consumes") == 0)
+    return F.col("acked") & not_read
 
 
 def _is_duplicated() -> Column:
@@ -347,12 +382,13 @@ def record_problems(outcomes: DataFrame) -> DataFrame:
 
 
 def lost(outcomes: DataFrame) -> DataFrame:
-    """Acked records no group consumed: run_id, topic, key, seq."""
+    """Acked records not read (see ``_is_lost``): run_id, topic, key, seq."""
     return outcomes.filter(_is_lost()).select(*RECORD_KEY)
 
 
 def duplicated(outcomes: DataFrame) -> DataFrame:
-    """Records one group consumed more than once: run_id, topic, group, key, seq, times."""
+    """Records one reader (a group or the final read) read more than once: run_id, topic, group, key,
+    seq, times."""
     return (
         outcomes.filter(_is_duplicated())
         .select(*RECORD_KEY, F.explode("reads").alias("read"))

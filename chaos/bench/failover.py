@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from chaos.drills.drill import DrillConfig, Target, parse_clients, run_drill
 from chaos.testbed.fleet import LocalFleet
+from chaos.testbed.hosts import LOOPBACK, NETNS
 from chaos.measures import stats_ms
 
 DEFAULT_CLIENTS = ("aiokafka:producer,confluent:producer,kafka-python:producer,java:producer,"
@@ -41,9 +42,11 @@ def _fleet_stats(result: dict[str, Any]) -> dict[str, Any]:
 
 def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, rate: float = 50.0,
         state_dir: str | None = None, out_dir: str | None = None, seed: int | None = None,
-        progress: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        progress: Callable[[dict[str, Any]], None] | None = None, hosts: str = LOOPBACK) -> dict[str, Any]:
+    """``hosts``: the fleet brought up here, on loopback or on emulated hosts (``netns``)."""
     with tempfile.TemporaryDirectory(prefix="kproxy-bench-failover-") as tmp:
-        fleet = LocalFleet.load(state_dir) if state_dir else LocalFleet.up(Path(tmp) / "fleet", first_ip=51)
+        fleet = LocalFleet.load(state_dir) if state_dir else LocalFleet.up(Path(tmp) / "fleet", first_ip=51,
+                                                                          hosts=hosts)
         out = Path(out_dir) if out_dir else Path(tmp) / "traces"
         try:
             kill = run_drill(DrillConfig(fault="kill", out_dir=out / "kill", repeat=drills,
@@ -66,6 +69,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         "fault": "kill (SIGKILL of the node owning the most identities)",
         "clients": clients,
         "rate_per_producer": rate,
+        "hosts": LOOPBACK if fleet.hosts is None else NETNS,
         "rto_ms": {f: {k: v[k] for k in ("p50", "p99", "max")} for f, v in kill["rto_ms"].items()},
         "max_gap_ms": kill.get("max_gap_ms"),
         "detect_ms": fleet_kill["detect_ms"],

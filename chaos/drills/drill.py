@@ -23,7 +23,11 @@ step below is one of its methods. The clients and their processes are in
 4. Stop the producers (SIGTERM: they flush, so everything acked is written),
    wait until every consumer group has read every acked record (deadline
    ``drain_timeout_s``), stop the consumers.
-5. Validate the trace against the schema and summarize it
+5. The final read (``chaos.drills.verify``): every partition of the topic from
+   its start to its end, through the fleet or, when that fails, directly from
+   the brokers; its records go into the trace, and ``lost`` is what the
+   producers saw acknowledged and the log does not hold.
+6. Validate the trace against the schema and summarize it
    (``chaos.measures``); write ``summary.json`` and ``drill.json`` next to it.
 
 One seed (``seed``; random and reported when not given) seeds a
@@ -56,6 +60,7 @@ import trio
 from chaos.clients import FAMILIES, ROLES
 from chaos.drills import faults as faults_mod
 from chaos.drills import summary as drill_summary
+from chaos.drills import verify
 from chaos.drills.load import ClientSpec, DrillError, TraceTail, WorkloadGroup, client_specs, workload_commands
 from chaos.drills.watcher import POLL_PERIOD_S, ReactionWatcher, in_thread
 from chaos.trace import TraceWriter, validate_trace
@@ -104,6 +109,7 @@ class DrillConfig:
     restore_timeout_s: float = 90.0
     drain_timeout_s: float = 60.0
     stop_timeout_s: float = 45.0
+    verify_timeout_s: float = 60.0  # the final read, per path (fleet, then brokers)
     poll_period_s: float = POLL_PERIOD_S
     jitter_s: tuple[float, float] = (0.3, 1.0)
     python: str = sys.executable
@@ -120,10 +126,12 @@ class Target:
     bootstrap: list[str]
     fleet: Any | None = None
     kafka: Any | None = None
+    client_exec: tuple[str, ...] = ()  # runs a workload on the clients' host (emulated hosts)
 
     @classmethod
     def of_fleet(cls, fleet: Any) -> "Target":
-        return cls(list(fleet.bootstrap), fleet, getattr(fleet, "kafka", None))
+        return cls(list(fleet.bootstrap), fleet, getattr(fleet, "kafka", None),
+                   tuple(getattr(fleet, "client_exec", ())))
 
     @classmethod
     def of_kafka(cls, kafka: Any) -> "Target":
@@ -245,6 +253,7 @@ class DrillRun:
     errors: list[str] = attrs.Factory(list)
     tracebacks: list[str] = attrs.Factory(list)  # of failed steps, written to errors.log at the end
     passed: bool | None = None
+    final_read: dict[str, Any] | None = None  # FinalRead.summary() once the topic was read to its end
 
     def __attrs_post_init__(self) -> None:
         self.started_at = self.clock()
@@ -304,6 +313,7 @@ class DrillRun:
             "run_id": self.run_id, "fault": config.fault, "repeat": config.repeat, "seed": self.seed,
             "topic": self.topic, "bootstrap": self.target.bootstrap, "rate": config.rate,
             "with_fleet": self.target.fleet is not None, "clients": [attrs.asdict(s) for s in self.specs],
+            "client_exec": list(self.target.client_exec),
             "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in attrs.asdict(config).items()
                        if not callable(v)},
         }
@@ -343,7 +353,8 @@ class DrillRun:
         self.report("creating topic")
         await in_thread(self.target.create_topic, self.topic, config.partitions, config.replication, timeout_s=120)
         cmds = workload_commands(self.specs, bootstrap=self.target.bootstrap, topic=self.topic,
-                                 trace_dir=self.trace_dir, run_id=self.run_id, rate=config.rate, python=config.python)
+                                 trace_dir=self.trace_dir, run_id=self.run_id, rate=config.rate, python=config.python,
+                                 prefix=self.target.client_exec)
         for role in ("consumer", "producer"):
             if cmds[role]:
                 self.groups[role] = WorkloadGroup(role, cmds[role], self.log_dir, config.stop_timeout_s)
@@ -359,6 +370,8 @@ class DrillRun:
             self.errors.append(describe_error(exc))
             self.tracebacks.append("".join(traceback.format_exception(exc)))
         await self.stop_in_order()
+        if "producer" in self.groups:
+            await self.verify()
 
     async def warm_up(self) -> None:
         self.report("warm-up")
@@ -434,6 +447,26 @@ class DrillRun:
         if "consumer" in self.groups:
             await self.groups["consumer"].stop()
 
+    async def verify(self) -> None:
+        """The final read of the topic into the trace; a read that fails is an error of the run."""
+        self.report("final read")
+        target = self.target
+        fleet_bootstrap = list(target.bootstrap) if target.fleet is not None else None
+        if target.kafka is not None:
+            broker_bootstrap: list[str] | None = list(target.kafka.bootstrap)
+        else:
+            broker_bootstrap = None if target.fleet is not None else list(target.bootstrap)
+        timeout_s = self.config.verify_timeout_s
+        try:
+            final = await in_thread(verify.read_final, self.topic, fleet_bootstrap, broker_bootstrap, timeout_s,
+                                    timeout_s=2 * timeout_s + 30)
+        except Exception as exc:  # noqa: BLE001 - the run fails with the reason; lost falls back to the groups
+            self.errors.append(describe_error(exc))
+            return
+        with TraceWriter(self.trace_dir, "verifier", self.run_id) as writer:
+            verify.write_final_read(writer, final)
+        self.final_read = final.summary()
+
     async def summarize(self) -> dict[str, Any]:
         """Validate and summarize the trace; write ``summary.json``; return the result."""
         self.report("summarizing")
@@ -455,7 +488,7 @@ class DrillRun:
             "run_id": self.run_id, "seed": self.seed, "skipped": False, "out_dir": str(self.run_dir),
             "trace_dir": str(self.trace_dir), "topic": self.topic, "with_fleet": self.target.fleet is not None,
             "clients_spec": self.client_ids, "steps": self.steps, "workload_exits": workload_exits,
-            "trace_errors": trace_errors,
+            "trace_errors": trace_errors, "final_read": self.final_read,
             "errors": self.errors + ([f"workloads exited uncleanly: {unclean}"] if unclean else []),
             "duration_s": round(self.clock() - self.started_at, 3),
         })

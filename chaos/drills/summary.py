@@ -57,7 +57,9 @@ def _record_fields(events: list[dict[str, Any]]) -> dict[str, Any]:
         "lost_keys": [_key_label(r) for r in records.lost[:MAX_KEYS_LISTED]],
         "duplicated_keys": sorted({_key_label(r) for r, _, _ in records.duplicated[:MAX_KEYS_LISTED]}),
         "missed_by_group": records.missed_by_group,
-        "records": {"acked": records.acked, "consumed": records.consumed, "sent": counts["send"],
+        "verified_topics": [topic for _, topic in records.verified_topics],
+        "records": {"acked": records.acked, "consumed": records.consumed, "final_read": records.final_read,
+                    "sent": counts["send"],
                     "consume_events": counts[m.CONSUME], "errors": counts["error"]},
     }
 

@@ -8,6 +8,10 @@ Raft leader, every broker identity assigned to a live node, every live node on
 the same epoch. Everything needed to find the processes again is in
 ``STATE_DIR/fleet.json``; ``down`` stops exactly those processes, by PID.
 
+With ``hosts="netns"`` every node, the brokers and the drill clients run on emulated hosts of
+their own (``chaos.testbed.hosts``: network namespaces on a bridge, addresses of 198.18.0.0/24);
+the plan is in ``fleet.json`` and ``down`` removes every namespace, link and address it made.
+
 Views and actions (status, health, drain, kill through the admin API) are
 ``proxy.admin_client.ClusterAdmin``'s: a ``LocalFleet`` is that plus the
 processes it started.
@@ -20,6 +24,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from chaos.testbed.hosts import (LOOPBACK, NETNS, HostNet, HostPlan, HostsError, plan_hosts, tag_for,
+                                 unavailable_reason)
 from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError
 from chaos.testbed.proxies import ADMIN_PORT, NodeProcess, ProxyProcessError, fleet_config, node_ip
 from proxy.admin_client import AdminError, ClusterAdmin
@@ -33,39 +39,67 @@ class LocalFleet(ClusterAdmin):
     nodes: dict[str, NodeProcess]  # type: ignore[assignment]
 
     def __init__(self, state_dir: str | os.PathLike[str], config_path: Path, nodes: list[NodeProcess],
-                 kafka: KafkaCluster | None, upstream: list[str]) -> None:
+                 kafka: KafkaCluster | None, upstream: list[str], hosts: HostPlan | None = None) -> None:
         super().__init__(list(nodes), upstream)
         self.state_dir = Path(state_dir).resolve()
         self.config_path = config_path
         self.kafka = kafka
+        self.hosts = hosts
+
+    @property
+    def client_exec(self) -> tuple[str, ...]:
+        """The command prefix that runs a client on the clients' host (empty on loopback)."""
+        return self.hosts.exec_prefix("clients") if self.hosts is not None else ()
 
     # ------------------------------------------------------------- set-up
     @classmethod
     def up(cls, state_dir: str | os.PathLike[str], brokers: int = 3, proxies: int = 3,
            kafka_bootstrap: str | list[str] | None = None, *, racks: list[str] | None = None,
            timeout: float = 90.0, kafka_base_port: int | None = None, first_ip: int = 11,
-           extra_config: dict[str, Any] | None = None) -> "LocalFleet":
-        """Proxies get 127.0.0.<first_ip>, <first_ip+1>, … (default .11, .12, …)."""
+           extra_config: dict[str, Any] | None = None, hosts: str = LOOPBACK) -> "LocalFleet":
+        """Proxies get 127.0.0.<first_ip>, <first_ip+1>, … (default .11, .12, …); with
+        ``hosts="netns"`` each its own emulated host (``chaos.testbed.hosts``)."""
+        if hosts not in (LOOPBACK, NETNS):
+            raise LocalFleetError(f"unknown hosts mode {hosts!r} (one of {LOOPBACK}, {NETNS})")
         state = Path(state_dir).resolve()
         state.mkdir(parents=True, exist_ok=True)
         if (state / "fleet.json").exists():
             old = cls.load(state)
             if any(n.alive() for n in old.nodes.values()):
                 raise LocalFleetError(f"a fleet from {state} is still running: run `kproxy fleet down` first")
-        kafka = None
-        if kafka_bootstrap is None:
-            kwargs = {"base_port": kafka_base_port} if kafka_base_port else {}
-            kafka = KafkaCluster(state / "kafka", brokers, **kwargs)
-            kafka.start(timeout=timeout)
-            upstream = kafka.bootstrap
-        else:
-            upstream = kafka_bootstrap.split(",") if isinstance(kafka_bootstrap, str) else list(kafka_bootstrap)
-        cfg = fleet_config(state / "fleet.toml", upstream, proxies, racks=racks or [f"rack-{i}" for i in (1, 2, 3)],
-                           first_ip=first_ip, extra=extra_config)
-        nodes = [NodeProcess(cfg, f"p{i + 1}", node_ip(i, first_ip), ADMIN_PORT, state / "logs" / f"p{i + 1}.log")
-                 for i in range(proxies)]
-        fleet = cls(state, cfg, nodes, kafka, upstream)
+            old.remove_hosts()
+        node_ids = [f"p{i + 1}" for i in range(proxies)]
+        plan = plan_hosts(tag_for(state), node_ids) if hosts == NETNS else None
+        if plan is not None and kafka_bootstrap is not None:
+            for address in _split(kafka_bootstrap):
+                plan.require_owned(address)  # an outside Kafka is not on a link the launcher made: refused
+        if plan is not None and (reason := unavailable_reason()) is not None:
+            raise HostsError(f"emulated hosts (--hosts netns) cannot be made here: {reason}")
+        fleet = cls(state, state / "fleet.toml", [], None, [], plan)
+        fleet._save()  # the plan is on disk before anything exists: `fleet down` can always undo it
         try:
+            if plan is not None:
+                HostNet(plan).create()
+            kafka = None
+            if kafka_bootstrap is None:
+                kwargs: dict[str, Any] = {"base_port": kafka_base_port} if kafka_base_port else {}
+                if plan is not None:
+                    kwargs.update(host=plan.host("kafka").address, exec_prefix=plan.exec_prefix("kafka"))
+                kafka = fleet.kafka = KafkaCluster(state / "kafka", brokers, **kwargs)
+                fleet._save()
+                kafka.start(timeout=timeout)
+                upstream = kafka.bootstrap
+            else:
+                upstream = _split(kafka_bootstrap)
+            addresses = [plan.host(n).address for n in node_ids] if plan is not None else None
+            cfg = fleet_config(state / "fleet.toml", upstream, proxies,
+                               racks=racks or [f"rack-{i}" for i in (1, 2, 3)], first_ip=first_ip,
+                               extra=extra_config, hosts=addresses)
+            nodes = [NodeProcess(cfg, n, addresses[i] if addresses else node_ip(i, first_ip), ADMIN_PORT,
+                                 state / "logs" / f"{n}.log",
+                                 exec_prefix=plan.exec_prefix(n) if plan is not None else ())
+                     for i, n in enumerate(node_ids)]
+            fleet = cls(state, cfg, nodes, kafka, upstream, plan)
             for n in nodes:
                 n.start()
             fleet._save()
@@ -86,10 +120,13 @@ class LocalFleet(ClusterAdmin):
             raise LocalFleetError(f"no local fleet in {state} (missing fleet.json): run `kproxy fleet up` first")
         data = json.loads(path.read_text())
         cfg = Path(data["config"])
-        nodes = [NodeProcess(cfg, n["id"], n["host"], n["admin_port"], n["log"], pid=n.get("pid"))
+        nodes = [NodeProcess(cfg, n["id"], n["host"], n["admin_port"], n["log"], pid=n.get("pid"),
+                             exec_prefix=tuple(n.get("exec_prefix", ())))
                  for n in data["nodes"]]
-        kafka = KafkaCluster.load(data["kafka_state_dir"]) if data.get("kafka_state_dir") else None
-        return cls(state, cfg, nodes, kafka, data["upstream"])
+        kafka_dir = data.get("kafka_state_dir")
+        kafka = KafkaCluster.load(kafka_dir) if kafka_dir and (Path(kafka_dir) / "cluster.json").exists() else None
+        hosts = HostPlan.from_json(data["hosts"]) if data.get("hosts") else None
+        return cls(state, cfg, nodes, kafka, data["upstream"], hosts)
 
     def _save(self) -> None:
         data = {
@@ -97,18 +134,29 @@ class LocalFleet(ClusterAdmin):
             "upstream": self.upstream,
             "kafka_state_dir": str(self.kafka.state_dir) if self.kafka else None,
             "nodes": [{"id": n.node_id, "host": n.host, "admin_port": n.admin_port, "log": str(n.log_path),
-                       "pid": n.pid} for n in self.nodes.values()],
+                       "pid": n.pid, "exec_prefix": list(n.exec_prefix)} for n in self.nodes.values()],
+            "hosts": self.hosts.to_json() if self.hosts is not None else None,
         }
         tmp = self.state_dir / "fleet.json.tmp"
         tmp.write_text(json.dumps(data, indent=2))
         tmp.replace(self.state_dir / "fleet.json")
 
     def down(self) -> None:
+        """Stop the proxies and Kafka, then remove the emulated hosts (raises if any is left)."""
         for n in self.nodes.values():
             n.stop()
         if self.kafka is not None:
             self.kafka.stop()
         self._save()
+        self.remove_hosts()
+
+    def remove_hosts(self) -> None:
+        """Remove every namespace, link and address of the fleet's emulated hosts (none on loopback)."""
+        if self.hosts is None:
+            return
+        left = HostNet(self.hosts).remove()
+        if left:
+            raise LocalFleetError(f"emulated hosts not fully removed: {', '.join(left)}")
 
     # ------------------------------------------------------------- actions
     def signal_node(self, node_id: str, sig: str) -> None:
@@ -127,4 +175,8 @@ class LocalFleet(ClusterAdmin):
         node.wait_ready(timeout)
 
 
-__all__ = ["LocalFleet", "LocalFleetError", "KafkaError"]
+def _split(bootstrap: str | list[str]) -> list[str]:
+    return bootstrap.split(",") if isinstance(bootstrap, str) else list(bootstrap)
+
+
+__all__ = ["LocalFleet", "LocalFleetError", "KafkaError", "HostsError"]

@@ -211,11 +211,14 @@ class KafkaCluster:
         base_port: int = DEFAULT_BASE_PORT,
         racks: list[str] | None = None,
         relay_host: str | None = None,
+        exec_prefix: tuple[str, ...] = (),
     ) -> None:
         """``relay_host``: also give each broker a second listener, RELAY, on ``host:port+200``
         advertised at ``relay_host:port+200``, for a relay in front of it (chaos.bench.relay: the
         bench's baseline hop). A client that bootstraps through the relay is then told the
-        relay's addresses; the PLAINTEXT listener and its clients are unchanged."""
+        relay's addresses; the PLAINTEXT listener and its clients are unchanged.
+        ``exec_prefix``: run each broker through it (``ip netns exec NS``: on an emulated host,
+        ``chaos.testbed.hosts``, whose address is ``host``)."""
         if brokers < 1:
             raise KafkaError("brokers must be at least 1")
         if racks is not None and len(racks) != brokers:
@@ -223,6 +226,7 @@ class KafkaCluster:
         self.state_dir = Path(state_dir).resolve()
         self.host = host
         self.relay_host = relay_host
+        self.exec_prefix = tuple(exec_prefix)
         self.specs = [
             BrokerSpec(
                 id=i,
@@ -263,6 +267,7 @@ class KafkaCluster:
             "kafka_version": kafka_version(),
             "state_dir": str(self.state_dir),
             "relay_host": self.relay_host,
+            "exec_prefix": list(self.exec_prefix),
             "brokers": [
                 {
                     "id": s.id,
@@ -289,7 +294,8 @@ class KafkaCluster:
             raise KafkaError(f"no local Kafka cluster in {Path(state_dir)} (missing {path.name})")
         data = json.loads(path.read_text())
         brokers = data["brokers"]
-        self = cls(state_dir, len(brokers), host=brokers[0]["host"], relay_host=data.get("relay_host"))
+        self = cls(state_dir, len(brokers), host=brokers[0]["host"], relay_host=data.get("relay_host"),
+                   exec_prefix=tuple(data.get("exec_prefix", ())))
         self.specs = [
             BrokerSpec(b["id"], b["host"], b["port"], b["controller_port"], b.get("rack")) for b in brokers
         ]
@@ -369,13 +375,13 @@ class KafkaCluster:
 
     def _launch(self, s: BrokerSpec) -> None:
         d = self._broker_dir(s.id)
-        if not port_free(s.host, s.port) or not port_free(s.host, s.controller_port):
+        if not self._port_free(s.host, s.port) or not self._port_free(s.host, s.controller_port):
             raise KafkaError(
                 f"port {s.host}:{s.port} or {s.host}:{s.controller_port} for broker {s.id} is already taken"
                 " (another Kafka running? stop it or choose another --base-port)"
             )
         cmd = [
-            java_bin(), *JVM_OPTS,
+            *self.exec_prefix, java_bin(), *JVM_OPTS,
             f"-Dlog4j2.configurationFile={d / 'log4j2.properties'}",
             f"-Dkafka.logs.dir={d}",
             f"-Dkproxy.state.dir={self.state_dir}",
@@ -387,6 +393,11 @@ class KafkaCluster:
         out.close()
         self._procs[s.id] = proc
         self.pids[s.id] = proc.pid
+
+    def _port_free(self, host: str, port: int) -> bool:
+        """On this host: bind it. On an emulated host (another namespace) the address is not
+        ours to bind here, so free means nothing answers there."""
+        return not _port_open(host, port) if self.exec_prefix else port_free(host, port)
 
     def log_tail(self, broker_id: int, lines: int = 30) -> str:
         d = self._broker_dir(broker_id)
@@ -514,7 +525,7 @@ class KafkaCluster:
         if self._alive(broker_id):
             raise KafkaError(f"broker {broker_id} is still running")
         deadline = time.monotonic() + 15
-        while not port_free(s.host, s.port) and time.monotonic() < deadline:
+        while not self._port_free(s.host, s.port) and time.monotonic() < deadline:
             time.sleep(0.1)
         self._launch(s)
         self._save()

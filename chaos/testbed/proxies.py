@@ -42,13 +42,16 @@ def node_ip(index: int, first: int = 11) -> str:
 def fleet_config(path: str | os.PathLike[str], upstream: list[str], proxies: int, *, first_ip: int = 11,
                  fleet: bool = True, racks: list[str] | None = None, tap_dir: str | None = None,
                  bootstrap_port: int = BOOTSTRAP_PORT, port_base: int = PORT_BASE, admin_port: int = ADMIN_PORT,
-                 raft_port: int = RAFT_PORT, log_format: str = "json", extra: dict[str, Any] | None = None) -> Path:
-    """Write the fleet's TOML. Secrets go to ``<path>.env`` (0600), never into the TOML."""
+                 raft_port: int = RAFT_PORT, log_format: str = "json", extra: dict[str, Any] | None = None,
+                 hosts: list[str] | None = None) -> Path:
+    """Write the fleet's TOML. Secrets go to ``<path>.env`` (0600), never into the TOML.
+    ``hosts``: node i's address (emulated hosts); default 127.0.0.<first_ip + i>."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     nodes = []
     for i in range(proxies):
-        node: dict[str, Any] = {"id": f"p{i + 1}", "host": node_ip(i, first_ip), "bootstrap_port": bootstrap_port,
+        host = hosts[i] if hosts else node_ip(i, first_ip)
+        node: dict[str, Any] = {"id": f"p{i + 1}", "host": host, "bootstrap_port": bootstrap_port,
                                 "admin_port": admin_port}
         if fleet:
             node["raft_port"] = raft_port
@@ -94,8 +97,10 @@ class NodeProcess(NodeAdmin):
     """One ``kproxy run`` process, and the client of its admin endpoint."""
 
     def __init__(self, config_path: str | os.PathLike[str], node_id: str, host: str, admin_port: int,
-                 log_path: str | os.PathLike[str], pid: int | None = None) -> None:
+                 log_path: str | os.PathLike[str], pid: int | None = None, exec_prefix: tuple[str, ...] = ()) -> None:
+        """``exec_prefix``: run the node through it (``ip netns exec NS``: an emulated host)."""
         super().__init__(node_id, host, admin_port)
+        self.exec_prefix = tuple(exec_prefix)
         self.config_path = Path(config_path).resolve()
         self.log_path = Path(log_path)
         self.pid = pid
@@ -112,7 +117,7 @@ class NodeProcess(NodeAdmin):
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "cli.main", "run", "--config", str(self.config_path), "--node", self.node_id],
+            [*self.exec_prefix, sys.executable, "-m", "cli.main", "run", "--config", str(self.config_path), "--node", self.node_id],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
         log.close()
         self.pid = self._proc.pid

@@ -198,3 +198,23 @@ def test_cli_drill_run_json(fleet, tmp_path):
     assert summary_json["lost"] == 0 and summary_json["duplicated"] == 0 and summary_json["passed"] is True
     assert Path(summary_json["trace_dir"]).is_relative_to(tmp_path)
 
+
+
+def test_producers_only_drill_loses_nothing(fleet, tmp_path):
+    """`kproxy drill run --clients aiokafka:producer`: no consumer at all, so only the final read
+    (every partition from the start, through the fleet) can show the acked records are in the log:
+    0 lost, exit 0."""
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    fleet.wait_healthy(60)
+    result = CliRunner().invoke(cli, ["drill", "run", "--fault", "none", "--clients", "aiokafka:producer",
+                                      "--state-dir", str(fleet.state_dir), "--out", str(tmp_path), "--seed", "3100",
+                                      "--rate", str(RATE), "--json", "--no-progress"])
+    assert result.exit_code == 0, result.output
+    s = json.loads(result.stdout)
+    assert s["records"]["acked"] > 0 and s["records"]["consumed"] == 0, s["records"]
+    assert (s["lost"], s["duplicated"], s["passed"]) == (0, 0, True), s
+    assert s["final_read"]["via"] == "fleet" and s["final_read"]["records"] >= s["records"]["acked"], s
+    assert s["verified_topics"] == [s["topic"]] and s["missed_by_group"] == {}

@@ -35,10 +35,16 @@ def fleet(at: int, event: str, **fields: Any) -> dict[str, Any]:
     return make_event("fleet", event, ts_ns=ns(at), run_id="r1", **fields)
 
 
-def client(at: int, event: str, cid: str, family: str, key: str | None = None, **fields: Any) -> dict[str, Any]:
+def client(at: int, event: str, cid: str, family: str, key: str | None = None, topic: str = "t",
+           **fields: Any) -> dict[str, Any]:
     seq = None if key is None else int(key.split(".")[1])
-    return make_event("client", event, ts_ns=ns(at), run_id="r1", client_id=cid, family=family, topic="t",
+    return make_event("client", event, ts_ns=ns(at), run_id="r1", client_id=cid, family=family, topic=topic,
                       key=key, seq=seq, **fields)
+
+
+def final_read(at: int, key: str, offset: int) -> dict[str, Any]:
+    return make_event("verifier", "read", ts_ns=ns(at), run_id="r1", topic="v", partition=0, offset=offset,
+                      key=key, seq=int(key.split(".")[1]))
 
 
 TRACE = [
@@ -76,6 +82,15 @@ TRACE = [
     client(1800, "error", "cc", "confluent", detail="connect"),
     client(2600, "consume", "cc", "confluent", "1.2", partition=0, offset=2),
     client(2600, "consume", "cc", "confluent", "3.0", partition=2, offset=0),
+    # Topic v, after the drills (its clients take part in no fault), read to the end by the final
+    # read: acked 5.0-5.3; group gv read 5.0 and 5.1; the final read found 5.0, 5.2 twice and 9.9.
+    # Lost: 5.1 (a group read it, the log has it not) and 5.3. Duplicated: 5.2 by the final read.
+    # 9.9 (unacked, read only by the final read) is not unacked-consumed: no group consumed it.
+    *(client(9500 + i, "ack", "vp", "aiokafka", f"5.{i}", topic="v", partition=0, offset=i) for i in range(4)),
+    client(9600, "consume", "vc", "confluent", "5.0", topic="v", group="gv", partition=0, offset=0),
+    client(9600, "consume", "vc", "confluent", "5.1", topic="v", group="gv", partition=0, offset=1),
+    final_read(9700, "5.0", 0), final_read(9700, "5.2", 2), final_read(9700, "5.2", 3), final_read(9700, "9.9", 4),
+    make_event("verifier", "read_end", ts_ns=ns(9701), run_id="r1", topic="v", detail='{"0": 5}'),
 ]
 
 EXPECTED_WINDOWS = {0: (ns(1000), ns(6000)), 1: (ns(7000), ns(9000))}
@@ -88,9 +103,10 @@ EXPECTED_RTO = {  # (fault_idx, client) -> (rto_ms, recovered, role, family)
     (1, "jp"): (2500.0, False, "producer", "java"),
 }
 EXPECTED_FAILOVER = {0: (150.0, 250.0, 400.0), 1: (300.0, 0.0, 100.0)}  # detect, commit, failover
-# Acked: 1.0-1.5, 2.0, 2.1. Read: 1.0, 1.1 (g), 1.2 (client:cc). Lost: the other five.
-EXPECTED_LOST = {"1.3", "1.4", "1.5", "2.0", "2.1"}
-EXPECTED_DUPLICATED = {("1.1", "g", 2)}
+# Topic t (no final read): acked 1.0-1.5, 2.0, 2.1. Read: 1.0, 1.1 (g), 1.2 (client:cc). Lost:
+# the other five. Topic v: see above.
+EXPECTED_LOST = {"1.3", "1.4", "1.5", "2.0", "2.1", "5.1", "5.3"}
+EXPECTED_DUPLICATED = {("1.1", "g", 2), ("5.2", measures.FINAL_READ, 2)}
 EXPECTED_UNACKED = {"3.0"}
 
 
@@ -117,6 +133,14 @@ def test_spark_measures_give_the_same_figures(spark_session):  # type: ignore[no
     fo = transform.failover(events, faults).collect()
     assert {r["fault_idx"]: (r["detect_ms"], r["commit_ms"], r["failover_ms"]) for r in fo} == EXPECTED_FAILOVER
     outcomes = transform.record_outcomes(events)
+    assert {r["key"] for r in transform.lost(outcomes).collect()} == EXPECTED_LOST
+    assert {(r["key"], r["group"], r["times"]) for r in transform.duplicated(outcomes).collect()} == EXPECTED_DUPLICATED
+    assert {r["key"] for r in transform.unacked_consumed(outcomes).collect()} == EXPECTED_UNACKED
+
+
+def test_spark_records_the_same_in_the_two_pass_plan(spark_session):  # type: ignore[no-untyped-def]
+    events = spark_session.createDataFrame(TRACE, TRACE_SCHEMA)
+    outcomes = transform.record_outcomes(events, max_pivot=0)
     assert {r["key"] for r in transform.lost(outcomes).collect()} == EXPECTED_LOST
     assert {(r["key"], r["group"], r["times"]) for r in transform.duplicated(outcomes).collect()} == EXPECTED_DUPLICATED
     assert {r["key"] for r in transform.unacked_consumed(outcomes).collect()} == EXPECTED_UNACKED

@@ -1,0 +1,172 @@
+"""Address movers (proxy.addresses) without root: config parsing, the steps of each mover, the
+gratuitous ARP frame, and the refusal of addresses the host does not own (fake I/O)."""
+
+from __future__ import annotations
+
+import ipaddress
+import subprocess
+
+import pytest
+
+from proxy.addresses.config import MoverConfig, MoverConfigError, parse_mover_config
+from proxy.addresses.movers import AddressMover, MoverError
+from proxy.addresses.plan import (AddressRefused, FloatingAddress, LinkAddress, RunCommand, SendArp,
+                                  gratuitous_arp_frame, parse_mac, release_steps, take_steps)
+
+pytestmark = pytest.mark.unit
+
+P1 = FloatingAddress.parse("198.18.0.11/24", "p1")
+ETH0 = [LinkAddress(ipaddress.IPv4Address("198.18.0.12"), 24)]  # p2's own address, primary
+
+
+# ----------------------------------------------------------------- config
+def test_no_table_and_none_are_the_loopback_default():
+    assert parse_mover_config(None) == MoverConfig()
+    assert parse_mover_config({"mover": "none"}).kind == "none"
+    with pytest.raises(MoverConfigError, match="moves nothing; remove \\['interface'\\]"):
+        parse_mover_config({"mover": "none", "interface": "eth0"})
+
+
+def test_netns_defaults_to_eth0_the_test_range_and_raw_arp():
+    c = parse_mover_config({"mover": "netns"})
+    assert (c.kind, c.interface, c.announce) == ("netns", "eth0", "raw")
+    assert [str(n) for n in c.networks] == ["198.18.0.0/24"]
+    with pytest.raises(MoverConfigError, match="takes only 198.18.0.0/24"):
+        parse_mover_config({"mover": "netns", "networks": ["10.0.0.0/24"]})
+
+
+def test_linux_needs_an_interface_and_networks():
+    c = parse_mover_config({"mover": "linux", "interface": "ens5", "networks": ["10.0.1.0/24"], "announce_count": 3})
+    assert (c.interface, c.announce, c.announce_count) == ("ens5", "arping", 3)
+    with pytest.raises(MoverConfigError, match="needs the networks"):
+        parse_mover_config({"mover": "linux", "interface": "ens5"})
+    with pytest.raises(MoverConfigError, match="addresses.interface"):
+        parse_mover_config({"mover": "linux", "networks": ["10.0.1.0/24"]})
+    with pytest.raises(MoverConfigError, match="addresses.interface"):
+        parse_mover_config({"mover": "linux", "interface": "a-name-too-long-x", "networks": ["10.0.1.0/24"]})
+
+
+def test_command_takes_a_list_or_a_shell_like_string():
+    c = parse_mover_config({"mover": "command", "command": "/opt/move-ip --zone a", "networks": ["10.0.1.0/24"]})
+    assert c.command == ("/opt/move-ip", "--zone", "a")
+    with pytest.raises(MoverConfigError, match="addresses.command"):
+        parse_mover_config({"mover": "command", "networks": ["10.0.1.0/24"]})
+
+
+@pytest.mark.parametrize(("table", "message"), [
+    ({"mover": "cloud"}, "addresses.mover: 'cloud' is not one of none, netns, linux, command"),
+    ({"mover": "netns", "colour": 1}, "unknown keys \\['colour'\\]"),
+    ({"mover": "linux", "interface": "e", "networks": ["10.0.1.300/24"]}, "addresses.networks: '10.0.1.300/24'"),
+    ({"mover": "linux", "interface": "e", "networks": "10.0.1.0/24"}, "a list of IPv4 networks"),
+    ({"mover": "netns", "timeout_s": 0}, "addresses.timeout_s: a positive number"),
+    ({"mover": "netns", "announce_count": 0}, "announce_count: an integer from 1 to 10"),
+    ({"mover": "netns", "announce": "shout"}, "addresses.announce: 'shout'"),
+])
+def test_bad_tables_name_the_key(table, message):
+    with pytest.raises(MoverConfigError, match=message):
+        parse_mover_config(table)
+
+
+# ------------------------------------------------------------------ steps
+def test_linux_take_adds_the_address_and_announces_it_with_arping_release_deletes_it():
+    c = parse_mover_config({"mover": "linux", "interface": "ens5", "networks": ["198.18.0.0/24"]})
+    assert take_steps(c, P1) == [
+        RunCommand(("ip", "addr", "replace", "198.18.0.11/24", "dev", "ens5")),
+        RunCommand(("arping", "-U", "-c", "2", "-I", "ens5", "198.18.0.11"))]
+    assert release_steps(c, P1) == [RunCommand(("ip", "addr", "del", "198.18.0.11/24", "dev", "ens5"), ok_codes=(0, 2))]
+
+
+def test_netns_take_sends_raw_gratuitous_arp():
+    steps = take_steps(parse_mover_config({"mover": "netns", "announce_count": 3}), P1)
+    assert steps[1] == SendArp("eth0", ipaddress.IPv4Address("198.18.0.11"), 3)
+
+
+def test_command_mover_runs_the_script_with_arguments_and_environment():
+    c = parse_mover_config({"mover": "command", "command": ["/opt/move-ip"], "networks": ["10.0.1.0/24"]})
+    a = FloatingAddress.parse("10.0.1.7/24", "p3")
+    (step,) = take_steps(c, a)
+    assert step.argv == ("/opt/move-ip", "take", "10.0.1.7/24", "p3")
+    assert dict(step.env) == {"KPROXY_ACTION": "take", "KPROXY_ADDRESS": "10.0.1.7", "KPROXY_PREFIX_LEN": "24",
+                              "KPROXY_NODE": "p3", "KPROXY_INTERFACE": ""}
+    assert release_steps(c, a)[0].argv == ("/opt/move-ip", "release", "10.0.1.7/24", "p3")
+
+
+def test_none_mover_has_no_steps():
+    assert take_steps(MoverConfig(), P1) == [] and release_steps(MoverConfig(), P1) == []
+
+
+def test_gratuitous_arp_frame_is_a_broadcast_request_from_and_for_the_address():
+    mac = parse_mac("02:fc:00:00:00:01")
+    frame = gratuitous_arp_frame(mac, ipaddress.IPv4Address("198.18.0.11"))
+    assert len(frame) == 60
+    assert frame[:6] == b"\xff" * 6 and frame[6:12] == mac and frame[12:14] == b"\x08\x06"
+    # htype 1, ptype IPv4, hlen 6, plen 4, op 1 (request)
+    assert frame[14:22] == bytes([0, 1, 8, 0, 6, 4, 0, 1])
+    assert frame[22:28] == mac and frame[28:32] == bytes([198, 18, 0, 11])  # sender
+    assert frame[32:38] == b"\x00" * 6 and frame[38:42] == bytes([198, 18, 0, 11])  # target = sender
+    assert frame[42:] == b"\x00" * 18
+    with pytest.raises(ValueError):
+        parse_mac("02:fc:00")
+
+
+# ---------------------------------------------------------------- refusal
+class FakeIo:
+    def __init__(self, held: list[LinkAddress], codes: dict[str, int] | None = None) -> None:
+        self.held = held
+        self.codes = codes or {}
+        self.ran: list[tuple[str, ...]] = []
+        self.frames: list[tuple[str, bytes]] = []
+
+    def mover(self, table: dict) -> AddressMover:
+        return AddressMover(parse_mover_config(table), run=self.run, link_addresses=lambda iface: self.held,
+                            mac_of=lambda iface: b"\x02\x00\x00\x00\x00\x0c",
+                            send=lambda iface, frame: self.frames.append((iface, frame)))
+
+    def run(self, step: RunCommand, timeout_s: float) -> subprocess.CompletedProcess[str]:
+        self.ran.append(step.argv)
+        code = self.codes.get(step.argv[0] + " " + step.argv[2] if len(step.argv) > 2 else step.argv[0], 0)
+        return subprocess.CompletedProcess(list(step.argv), code, "", "RTNETLINK answers: File exists" if code else "")
+
+
+def test_netns_mover_takes_an_address_on_its_link_and_announces_it():
+    io = FakeIo(ETH0)
+    io.mover({"mover": "netns"}).take(P1)
+    assert io.ran == [("ip", "addr", "replace", "198.18.0.11/24", "dev", "eth0")]
+    assert len(io.frames) == 2 and io.frames[0][0] == "eth0" and io.frames[0][1][28:32] == bytes([198, 18, 0, 11])
+
+
+@pytest.mark.parametrize(("address", "held", "message"), [
+    ("198.18.1.11/24", ETH0, "outside the networks"),  # not in the test range
+    ("198.18.0.11/24", [LinkAddress(ipaddress.IPv4Address("198.18.0.130"), 25)], "not on a link this host holds"),
+    ("198.18.0.11/24", [], "no address"),  # the link holds nothing: nothing is ours
+    ("198.18.0.12/24", ETH0, "primary address of eth0"),  # the host's own address is not floating
+    ("198.18.0.11/25", ETH0, "prefix differs"),
+])
+def test_mover_refuses_addresses_it_does_not_own_and_runs_nothing(address, held, message):
+    io = FakeIo(held)
+    mover = io.mover({"mover": "netns"})
+    with pytest.raises(AddressRefused, match=message):
+        mover.take(FloatingAddress.parse(address, "p1"))
+    with pytest.raises(AddressRefused, match=message):
+        mover.release(FloatingAddress.parse(address, "p1"))
+    assert io.ran == [] and io.frames == []
+
+
+def test_command_mover_refuses_outside_its_networks():
+    io = FakeIo([])
+    mover = io.mover({"mover": "command", "command": ["/opt/move-ip"], "networks": ["10.0.1.0/24"]})
+    with pytest.raises(AddressRefused, match="outside the networks"):
+        mover.take(FloatingAddress.parse("10.0.2.7/24", "p3"))
+    mover.take(FloatingAddress.parse("10.0.1.7/24", "p3"))
+    assert io.ran == [("/opt/move-ip", "take", "10.0.1.7/24", "p3")]
+
+
+def test_a_failed_step_is_a_mover_error_and_a_release_of_a_gone_address_is_done():
+    held = [*ETH0, LinkAddress(ipaddress.IPv4Address("198.18.0.11"), 24, secondary=True)]
+    io = FakeIo(held, codes={"ip replace": 2})
+    with pytest.raises(MoverError, match="ip addr replace 198.18.0.11/24 dev eth0 exited 2: RTNETLINK"):
+        io.mover({"mover": "netns"}).take(P1)
+    assert io.frames == []  # not announced when the address could not be added
+    gone = FakeIo(held, codes={"ip del": 2})
+    gone.mover({"mover": "netns"}).release(P1)
+    assert gone.ran == [("ip", "addr", "del", "198.18.0.11/24", "dev", "eth0")]

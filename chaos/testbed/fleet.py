@@ -44,8 +44,9 @@ class LocalFleet(ClusterAdmin):
     def up(cls, state_dir: str | os.PathLike[str], brokers: int = 3, proxies: int = 3,
            kafka_bootstrap: str | list[str] | None = None, *, racks: list[str] | None = None,
            timeout: float = 90.0, kafka_base_port: int | None = None, first_ip: int = 11,
-           extra_config: dict[str, Any] | None = None) -> "LocalFleet":
-        """Proxies get 127.0.0.<first_ip>, <first_ip+1>, … (default .11, .12, …)."""
+           extra_config: dict[str, Any] | None = None, workers: int = 1) -> "LocalFleet":
+        """Proxies get 127.0.0.<first_ip>, <first_ip+1>, … (default .11, .12, …), each with
+        ``workers`` data-path processes."""
         state = Path(state_dir).resolve()
         state.mkdir(parents=True, exist_ok=True)
         if (state / "fleet.json").exists():
@@ -61,7 +62,7 @@ class LocalFleet(ClusterAdmin):
         else:
             upstream = kafka_bootstrap.split(",") if isinstance(kafka_bootstrap, str) else list(kafka_bootstrap)
         cfg = fleet_config(state / "fleet.toml", upstream, proxies, racks=racks or [f"rack-{i}" for i in (1, 2, 3)],
-                           first_ip=first_ip, extra=extra_config)
+                           first_ip=first_ip, extra=extra_config, workers=workers)
         nodes = [NodeProcess(cfg, f"p{i + 1}", node_ip(i, first_ip), ADMIN_PORT, state / "logs" / f"p{i + 1}.log")
                  for i in range(proxies)]
         fleet = cls(state, cfg, nodes, kafka, upstream)

@@ -217,13 +217,15 @@ class Supervisor:
         return asyncio.run_coroutine_threadsafe(coro_fn(), self.loop).result(timeout)
 
     async def node_status(self) -> NodeStatus:
+        # Taken before asking: every worker's answer then shows this map or a newer one.
+        applied = self.book.applied() or ServingMap()
         reports: dict[int, WorkerReport | None] = await self.ask_all(ASK_STATUS)
         answered = [r for r in reports.values() if isinstance(r, WorkerReport)]
         datapath = (merge_datapath_status([r.status for r in answered]) if answered
                     else DataPathStatus(self.node_id, f"{self.local.host}:{self.local.bootstrap_port}",
                                         (), (), (), 0, False, ()))
         if self.fleet:
-            serving = self.book.applied() or ServingMap()
+            serving = applied
         else:
             serving = answered[0].serving if answered else ServingMap()
         rows = []

@@ -194,3 +194,29 @@ def test_bad_workers_names_the_field(value):
     with pytest.raises(ConfigError) as err:
         _workers(value)
     assert err.value.field == "nodes[0].workers"
+
+
+# ------------------------------------------------------------------ bench
+def test_bench_figures_per_arm_from_hand_made_runs():
+    from chaos.bench.workers import _figures
+
+    out = _figures({"direct": [(1000, 1.0, 0.0), (3000, 1.0, 0.0)],
+                    "w1": [(500, 1.0, 0.05), (500, 1.0, 0.05)],
+                    "w2": [(1000, 1.0, 0.1), (1000, 2.0, 0.1)]}, connections=4)
+    assert out["arms"]["direct"]["requests_per_s"] == 2000
+    assert out["arms"]["w1"] == {"requests_per_s": 500, "requests_per_s_runs": [500, 500],
+                                 "cpu_us_per_request": 100.0, "cpu_cores_busy": 0.05, "ratio_to_direct": 0.25}
+    assert out["arms"]["w2"]["requests_per_s"] == 750
+    assert out["arms"]["w2"]["cpu_us_per_request"] == 100.0
+
+
+def test_bench_produce_frames_are_produce_requests_with_the_asked_acks():
+    from chaos.bench.workers import CORRELATION_OFFSET, produce_frame
+
+    frame = produce_frame("t", acks=1)
+    assert int.from_bytes(frame[:4], "big") == len(frame) - 4
+    assert int.from_bytes(frame[4:6], "big") == 0  # api_key Produce
+    assert int.from_bytes(frame[CORRELATION_OFFSET:CORRELATION_OFFSET + 4], "big") == 0
+    assert produce_frame("t") != frame  # acks=all by default
+    with pytest.raises(ValueError):
+        produce_frame("t", acks=0)

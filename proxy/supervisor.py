@@ -123,8 +123,9 @@ class Supervisor:
             pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL)
         theirs.close()
         mine.setblocking(False)
-        handle = WorkerHandle(index, proc, Channel(lambda m: None, lambda: None))
-        handle.channel = Channel(lambda m: self._on_message(handle, m), lambda: self._exited(handle))
+        # The callbacks run only once the loop reads the socket, after ``handle`` is bound.
+        channel = Channel(lambda m: self._on_message(handle, m), lambda: self._exited(handle))
+        handle = WorkerHandle(index, proc, channel)
         self.handles[index] = handle
         self.policy.started(index, time.monotonic())
         assert self.loop is not None

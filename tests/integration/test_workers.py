@@ -6,6 +6,7 @@ reports a map as applied only once every worker has it."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -74,6 +75,8 @@ def test_both_workers_serve_clients_of_every_family_tried(fleet, kafka_cluster, 
     finally:
         for s in held:
             s.close()
+    lines = [json.loads(x) for x in fleet.nodes["p1"].log_path.read_text().splitlines() if x.startswith("{")]
+    assert {x.get("kproxy_worker") for x in lines} >= {None, 0, 1}  # the supervisor's lines, and each worker's
     metrics = fleet.nodes["p1"].get("/metrics").text
     accepted = sum(float(x.rsplit(" ", 1)[1]) for x in metrics.splitlines() if x.startswith("kproxy_connections_total{"))
     assert accepted >= 24 + 2  # the node's totals, over both workers
@@ -219,12 +222,17 @@ def test_a_node_freezes_and_dies_whole(fleet):
         except psutil.NoSuchProcess:
             return "gone"
 
-    fleet.signal_node("p3", "STOP")  # the drill's freeze: every process of the node
-    try:
-        _wait_for(lambda: all(state(p) == psutil.STATUS_STOPPED for p in [node.pid, *workers]), "p3 frozen whole", 10)
-    finally:
-        fleet.signal_node("p3", "CONT")
-    _wait_for(lambda: fleet.status("p3").ready, "p3 serving again", 30)
+    from proxy.admin_client import NodeAdmin
+
+    # The drill's freeze (the launcher signals the node's process group), then the admin action's.
+    for freeze in (lambda: fleet.signal_node("p3", "STOP"), lambda: NodeAdmin.signal(node, "STOP")):
+        freeze()
+        try:
+            _wait_for(lambda: all(state(p) == psutil.STATUS_STOPPED for p in [node.pid, *workers]),
+                      "p3 frozen whole", 10)
+        finally:
+            fleet.signal_node("p3", "CONT")
+        _wait_for(lambda: fleet.status("p3").ready, "p3 serving again", 30)
     os.kill(node.pid, signal.SIGKILL)  # the supervisor alone: its workers go with it at once
     _wait_for(lambda: all(state(p) in ("gone", psutil.STATUS_ZOMBIE) for p in workers), "p3's workers gone", 5)
     fleet.restart_node("p3")

@@ -60,6 +60,7 @@ from proxy.worker_wire import (
     Ask,
     BrokersChanged,
     Channel,
+    LearnBrokers,
     Ready,
     Stop,
     WorkerReport,
@@ -182,11 +183,15 @@ class Supervisor:
         log.info("worker reaped", extra={"worker": handle.index, "pid": handle.pid, "exit_code": code})
 
     def _learn(self, brokers: tuple[UpstreamBroker, ...]) -> None:
-        """Brokers a worker knows: the member hears of any new one (discovery never forgets one)."""
+        """Brokers a worker knows: the member and the other workers hear of any new one
+        (discovery never forgets one), so every worker binds its listener soon."""
         new = [b for b in brokers if self.brokers.get(b.node_id) != b]
         if not new:
             return
         self.brokers.update((b.node_id, b) for b in new)
+        for handle in self.handles.values():
+            if handle.ready:
+                handle.channel.send(LearnBrokers(tuple(new)))
         if self.member is not None:
             from proxy.member_link import report_brokers
 

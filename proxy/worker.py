@@ -38,6 +38,7 @@ from proxy.worker_wire import (
     BrokersChanged,
     Channel,
     FrameReader,
+    LearnBrokers,
     Ready,
     Stop,
     WorkerReport,
@@ -113,6 +114,8 @@ class Worker:
     def _on_message(self, message: object) -> None:
         if isinstance(message, ApplyMap):
             self._apply(message.serving)
+        elif isinstance(message, LearnBrokers):
+            self.datapath.registry.spawn(self.datapath.discovery.learn(list(message.brokers)))
         elif isinstance(message, Ask):
             self.channel.send(Answer(message.id, self._answer(message.what)))
         elif isinstance(message, Stop):

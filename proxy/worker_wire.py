@@ -7,7 +7,7 @@ supervisor and inherited by the worker it spawns, nobody else holds an end.
 protocol around it, used at both ends.
 
 Supervisor -> worker: :class:`WorkerSetup` (first, once), :class:`ApplyMap`,
-:class:`Ask`, :class:`Stop`. Worker -> supervisor: :class:`Ready`,
+:class:`LearnBrokers`, :class:`Ask`, :class:`Stop`. Worker -> supervisor: :class:`Ready`,
 :class:`Applied`, :class:`BrokersChanged`, :class:`Answer`.
 """
 
@@ -50,6 +50,13 @@ class WorkerSetup:
 @attrs.frozen
 class ApplyMap:
     serving: ServingMap
+
+
+@attrs.frozen
+class LearnBrokers:
+    """Brokers another worker discovered: bind their listeners here too."""
+
+    brokers: tuple[UpstreamBroker, ...]
 
 
 @attrs.frozen

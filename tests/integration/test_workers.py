@@ -78,7 +78,8 @@ def test_both_workers_serve_clients_of_every_family_tried(fleet, kafka_cluster, 
     lines = [json.loads(x) for x in fleet.nodes["p1"].log_path.read_text().splitlines() if x.startswith("{")]
     assert {x.get("kproxy_worker") for x in lines} >= {None, 0, 1}  # the supervisor's lines, and each worker's
     metrics = fleet.nodes["p1"].get("/metrics").text
-    accepted = sum(float(x.rsplit(" ", 1)[1]) for x in metrics.splitlines() if x.startswith("kproxy_connections_total{"))
+    accepted = sum(float(x.rsplit(" ", 1)[1]) for x in metrics.splitlines()
+                   if x.startswith("kproxy_connections_total{"))
     assert accepted >= 24 + 2  # the node's totals, over both workers
 
 

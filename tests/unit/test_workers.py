@@ -196,6 +196,19 @@ def test_bad_workers_names_the_field(value):
     assert err.value.field == "nodes[0].workers"
 
 
+def test_run_with_bad_workers_exits_2_naming_the_field(tmp_path):
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[upstream]\nbootstrap = ["127.0.0.1:19092"]\n[ports]\nbase = 9100\n'
+                   '[[nodes]]\nid = "p1"\nhost = "127.0.0.11"\nbootstrap_port = 9092\nworkers = "many"\n')
+    result = CliRunner().invoke(cli, ["run", "--config", str(bad), "--node", "p1"])
+    assert result.exit_code == 2
+    assert "nodes[0].workers" in result.output
+
+
 # ------------------------------------------------------------------ bench
 def test_bench_figures_per_arm_from_hand_made_runs():
     from chaos.bench.workers import _figures

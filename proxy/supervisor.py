@@ -49,7 +49,7 @@ from proxy.datapath import DataPathStatus
 from proxy.metrics import render_families, worker_restarts_family
 from proxy.status import NodeStatus, WorkerRow, node_status
 from proxy.upstream import UpstreamBroker
-from proxy.worker_pool import AckBook, RestartPolicy, merge_datapath_status, merge_metric_families
+from proxy.worker_pool import AckBook, RestartPolicy, RetiredCounters, merge_datapath_status
 from proxy.worker_wire import (
     ASK_DRAIN_ALL,
     ASK_METRICS,
@@ -101,6 +101,7 @@ class Supervisor:
         self.fleet = config.fleet is not None
         self.book = AckBook()
         self.policy = RestartPolicy()
+        self.retired = RetiredCounters()
         self.handles: dict[int, WorkerHandle] = {}
         self.brokers: dict[int, UpstreamBroker] = {}
         self.member: Any = None  # membership.member.Member with [fleet]
@@ -158,6 +159,7 @@ class Supervisor:
         """The worker's end of the socketpair closed: it exited (or is about to)."""
         handle.ready = False
         self.book.left(handle.index)
+        self.retired.exited(handle.index)
         for future in handle.asks.values():
             if not future.done():
                 future.set_result(None)
@@ -253,8 +255,10 @@ class Supervisor:
         return self.ready and len(self.handles) == self.count and all(h.ready for h in self.handles.values())
 
     async def metrics(self) -> bytes:
-        answers = await self.ask_all(ASK_METRICS)
-        families = merge_metric_families(a for a in answers.values() if a is not None)
+        answers = {i: a for i, a in (await self.ask_all(ASK_METRICS)).items() if a is not None}
+        for i, families in answers.items():
+            self.retired.seen(i, families)
+        families = self.retired.totals(answers.values())
         families.append(worker_restarts_family(self.node_id, self.policy.restarts))
         return render_families(families)
 

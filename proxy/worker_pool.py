@@ -6,7 +6,8 @@
   exited (bounded exponential backoff, reset once a worker has run a while).
 * :func:`merge_datapath_status` and :func:`merge_metric_families`: one node's
   status and Prometheus counters from its workers' (sums: an operator sees the
-  node's totals, whatever W is).
+  node's totals, whatever W is); :class:`RetiredCounters` keeps the totals
+  from going down when a worker exits (its counts would vanish with it).
 """
 
 from __future__ import annotations
@@ -153,3 +154,40 @@ def merge_metric_families(workers: Iterable[Iterable[Metric]]) -> list[Metric]:
         family.samples = [Sample(n, dict(labels), v) for (n, labels), v in values[name].items()]
         out.append(family)
     return out
+
+
+def counters_only(families: Iterable[Metric]) -> list[Metric]:
+    """The counter samples of ``families`` (no gauges, no ``_created``)."""
+    out = []
+    for family in families:
+        if family.type != "counter":
+            continue
+        kept = Metric(family.name, family.documentation, family.type, family.unit)
+        kept.samples = [s for s in family.samples if not s.name.endswith("_created")]
+        out.append(kept)
+    return out
+
+
+class RetiredCounters:
+    """The counters of workers that exited, as last seen, added to the node's totals.
+
+    Each scrape remembers every worker's counters; when a worker exits, the
+    last ones seen are kept. A scrape after a crash thus never shows a node
+    total below the one before it (Prometheus would read a counter reset);
+    what the worker counted after the last scrape is lost with it."""
+
+    def __init__(self) -> None:
+        self._last: dict[int, list[Metric]] = {}
+        self._retired: list[Metric] = []
+
+    def seen(self, worker: int, families: list[Metric]) -> None:
+        self._last[worker] = families
+
+    def exited(self, worker: int) -> None:
+        last = self._last.pop(worker, None)
+        if last:
+            self._retired = merge_metric_families([self._retired, counters_only(last)])
+
+    def totals(self, live: Iterable[list[Metric]]) -> list[Metric]:
+        """The node's families: the live workers' and the retired counters, added up."""
+        return merge_metric_families([*live, self._retired])

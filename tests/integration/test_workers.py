@@ -83,6 +83,11 @@ def test_both_workers_serve_clients_of_every_family_tried(fleet, kafka_cluster, 
     assert accepted >= 24 + 2  # the node's totals, over both workers
 
 
+def _requests_total(node) -> float:  # type: ignore[no-untyped-def]
+    return sum(float(x.rsplit(" ", 1)[1]) for x in node.get("/metrics").text.splitlines()
+               if x.startswith("kproxy_requests_total{"))
+
+
 async def _produce_paced(bs: str, topic: str, prefix: int, stop: threading.Event, acked: list[tuple[str, float]],
                          failed: list[str]) -> None:
     from aiokafka import AIOKafkaProducer
@@ -152,11 +157,13 @@ def test_a_killed_worker_is_restarted_and_its_clients_come_back_without_loss(fle
         node, worker = max(((n, w) for n in fleet.node_ids for w in fleet.status(n).workers),
                            key=lambda nw: nw[1].connections or 0)
         assert worker.connections and worker.pid
+        requests_before = _requests_total(fleet.nodes[node])
         killed_at = time.monotonic()
         os.kill(worker.pid, signal.SIGKILL)
         restarted = _wait_for(lambda: next((w for w in fleet.status(node).workers if w.index == worker.index
                                             and w.ready and w.pid != worker.pid), None), "the worker restarted")
         assert restarted.restarts == 1
+        assert _requests_total(fleet.nodes[node]) >= requests_before  # the node's counter did not go back
         # Every producer acknowledges records after the kill: the killed worker's clients reconnected.
         _wait_for(lambda: producing(killed_at + 0.5, 10), "every producer acknowledging again", 60)
     finally:

@@ -162,6 +162,25 @@ def test_metrics_of_workers_add_up_to_the_node_totals():
     assert 'kproxy_connections_active{node="p1"} 7.0' in text
 
 
+def test_node_totals_do_not_go_down_when_a_worker_exits():
+    from proxy.worker_pool import RetiredCounters
+
+    def worker(requests: float, active: float):  # type: ignore[no-untyped-def]
+        c = CounterMetricFamily("kproxy_requests", "Requests", labels=["node"])
+        c.add_metric(["p1"], requests, created=10.0)
+        g = GaugeMetricFamily("kproxy_connections_active", "Open", labels=["node"])
+        g.add_metric(["p1"], active)
+        return [c, g]
+
+    retired = RetiredCounters()
+    retired.seen(0, worker(100, 5))
+    retired.seen(1, worker(40, 2))
+    retired.exited(0)  # crashed: its 100 requests stay in the node's total, its 5 connections do not
+    text = render_families(retired.totals([worker(45, 3), worker(1, 1)])).decode()  # worker 1, worker 0 anew
+    assert 'kproxy_requests_total{node="p1"} 146.0' in text
+    assert 'kproxy_connections_active{node="p1"} 4.0' in text
+
+
 def test_worker_rows_round_trip_through_status_json():
     from tests.unit.test_status import node_json
 

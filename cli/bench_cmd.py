@@ -113,3 +113,38 @@ def bench_storm(clients: str, backlog: int | None, deadline: float, as_json: boo
                    f", kproxy {row['proxy_all_served_s']} s ({row['proxy_failed']} failed),"
                    f" {row['rss_bytes_per_connection']} B/connection")
     click.echo(f"targets: {results['targets']}")
+
+
+@bench.command("workers")
+@click.option("--workers", "workers", default="1,2", show_default=True,
+              help="Comma-separated worker counts, one node each (1 and/or 2).")
+@click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True)
+@click.option("--duration", type=click.FloatRange(1, 600), default=10.0, show_default=True,
+              help="Seconds of load per arm and round.")
+@click.option("--connections", type=click.IntRange(1, 10_000), default=64, show_default=True)
+@click.option("--depth", type=click.IntRange(1, 1000), default=4, show_default=True,
+              help="Produce requests in flight per connection.")
+@click.option("--acks", type=click.Choice(["all", "1"]), default="all", show_default=True,
+              help="1: the leader answers alone (less broker work per request, more of it on the proxy).")
+@click.option("--json", "as_json", is_flag=True)
+def bench_workers(workers: str, rounds: int, duration: float, connections: int, depth: int, acks: str,
+                  as_json: bool) -> None:
+    """Request-heavy produce (small batches, acks=all): requests/s and node CPU-µs per request, W = 1 vs 2."""
+    from chaos.bench.workers import NODE_IPS, run
+
+    try:
+        counts = tuple(int(w) for w in workers.split(",") if w.strip())
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of integers", param_hint="--workers") from None
+    if not counts or any(w not in NODE_IPS for w in counts):
+        raise click.BadParameter(f"worker counts among {sorted(NODE_IPS)}", param_hint="--workers")
+    console = Console(stderr=True)
+    results = run(counts, rounds=rounds, duration_s=duration, connections=connections, depth=depth,
+                  acks=-1 if acks == "all" else 1, progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+        return
+    for arm, row in results["arms"].items():
+        click.echo(f"{arm:>6}: {row['requests_per_s']} requests/s"
+                   + (f", {row['cpu_us_per_request']} CPU-µs/request, ratio to direct {row['ratio_to_direct']}"
+                      if arm != "direct" else ""))

@@ -81,9 +81,11 @@ def fleet() -> None:
 @click.option("--first-ip", type=click.IntRange(2, 250), default=11, show_default=True,
               help="Node i gets 127.0.0.<first-ip + i>: two fleets on one machine need different ranges.")
 @hosts_option
+@click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
+              help="Data-path worker processes per node (nodes on one machine share its cores).")
 @click.option("--json", "as_json", is_flag=True)
 def fleet_up(brokers: int, proxies: int, state_dir: str, bootstrap: str | None, timeout: float, first_ip: int,
-             hosts: str, as_json: bool) -> None:
+             hosts: str, workers: int, as_json: bool) -> None:
     """Start the fleet, wait for a leader and every identity assigned, print the bootstrap list."""
     if first_ip + proxies - 1 > 254:
         raise click.BadParameter(f"127.0.0.{first_ip + proxies - 1} is past 127.0.0.254", param_hint="--first-ip")
@@ -94,7 +96,7 @@ def fleet_up(brokers: int, proxies: int, state_dir: str, bootstrap: str | None, 
 
     try:
         f = LocalFleet.up(state_dir, brokers=brokers, proxies=proxies, kafka_bootstrap=bootstrap, timeout=timeout,
-                          first_ip=first_ip, hosts=hosts)
+                          first_ip=first_ip, hosts=hosts, workers=workers)
     except (AdminError, KafkaError, ProxyProcessError, HostsError, OSError) as exc:
         _fail(exc)
     view = f.fleet_view()

@@ -21,4 +21,9 @@ Bytes go through sans-IO cores and thin asyncio shells around them.
   :class:`proxy.datapath.DataPath`.
 * The process: :mod:`proxy.runtime` (data path + admin endpoint + optional
   fleet member, joined by :mod:`proxy.member_link`), :mod:`proxy.config`.
+  A node of ``workers`` > 1 is several processes instead: the
+  :mod:`proxy.supervisor` (member, heartbeat, admin; decisions in
+  :mod:`proxy.worker_pool`) and W :mod:`proxy.worker` processes, each a
+  DataPath on the shared listeners (SO_REUSEPORT), talking over
+  :mod:`proxy.worker_wire`.
 """

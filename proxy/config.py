@@ -19,6 +19,7 @@ section (Raft) is optional. Every error names the offending field::
     admin_port = 9400                    # optional: admin HTTP endpoint
     raft_port = 9500                     # required with [fleet]
     rack = "rack-1"                      # optional
+    workers = "auto"                     # data-path processes: an integer >= 1, or "auto" (one per core)
 
     [limits]
     max_frame_bytes = 104857600          # Kafka's socket.request.max.bytes
@@ -98,6 +99,10 @@ class NodeConfig:
     admin_port: int | None = None
     raft_port: int | None = None
     rack: str | None = None
+    # Data-path worker processes sharing the node's listeners (proxy.supervisor).
+    # A file that leaves it out gets one per core ("auto"); a config built in code
+    # gets 1, the single-process node.
+    workers: int = 1
 
 
 # Fetch v16+ responses carry KIP-951 node_endpoints (broker addresses) in a
@@ -342,10 +347,24 @@ def _parse_node(n: Any, path: str) -> NodeConfig:
         admin_port=None if admin_port is None else _port(admin_port, f"{path}.admin_port"),
         raft_port=None if raft_port is None else _port(raft_port, f"{path}.raft_port"),
         rack=_get(n, "rack", f"{path}.rack", str, None),
+        workers=_workers(n.get("workers", "auto"), f"{path}.workers"),
     )
     if not node.id:
         raise ConfigError(f"{path}.id", "must not be empty")
     return node
+
+
+# More worker processes than this is a typo, not a host.
+MAX_WORKERS = 256
+
+
+def _workers(value: Any, path: str) -> int:
+    """``workers``: an integer 1..MAX_WORKERS, or "auto" (os.cpu_count())."""
+    if value == "auto":
+        return max(1, os.cpu_count() or 1)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_WORKERS:
+        raise ConfigError(path, f'must be "auto" or an integer 1..{MAX_WORKERS}, got {value!r}')
+    return value
 
 
 def _parse_nodes(nodes_raw: list[Any]) -> tuple[NodeConfig, ...]:

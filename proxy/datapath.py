@@ -72,9 +72,10 @@ class DataPath:
     """One proxy node's data path. ``await start()``, ``await stop()``."""
 
     def __init__(self, config: Config, node_id: str, *, fleet: bool = False,
-                 metrics: ProxyMetrics | None = None) -> None:
+                 metrics: ProxyMetrics | None = None, reuse_port: bool = False) -> None:
         """``fleet=False``: this node advertises every identity it has bound
-        itself. With a fleet, the map comes from ``apply_map``."""
+        itself. With a fleet, the map comes from ``apply_map``. ``reuse_port``:
+        the node's own listeners are shared with its other worker processes."""
         self.config = config
         self.local = config.node(node_id)
         self.node = proxy_node(config, node_id)
@@ -94,7 +95,7 @@ class DataPath:
         self.registry.connect = self._connect_upstream
         self.registry.unstall = self._unstall
         self.registry.owned_here = self._owned_here
-        self.listeners = Listeners(self.node, self.registry, reuse_port=self.takeover_enabled,
+        self.listeners = Listeners(self.node, self.registry, reuse_port=self.takeover_enabled or reuse_port,
                                    on_bound=self._bound_changed)
         self.discovery = BrokerDiscovery(config, self.node.host, self.listeners, self.registry)
         # Upstream connections leave from this node's own address (like a separate host).

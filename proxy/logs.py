@@ -11,9 +11,10 @@ _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
 class JsonFormatter(logging.Formatter):
-    def __init__(self, node: str | None = None) -> None:
+    def __init__(self, node: str | None = None, worker: int | None = None) -> None:
         super().__init__()
         self.node = node
+        self.worker = worker
 
     def format(self, record: logging.LogRecord) -> str:
         out = {
@@ -24,6 +25,8 @@ class JsonFormatter(logging.Formatter):
         }
         if self.node:
             out["kproxy_node"] = self.node
+        if self.worker is not None:
+            out["kproxy_worker"] = self.worker
         for key, value in vars(record).items():
             if key not in _STANDARD and not key.startswith("_"):
                 out[key] = value
@@ -39,12 +42,14 @@ class TextFormatter(logging.Formatter):
         return base + ("  " + " ".join(f"{k}={v}" for k, v in extras.items()) if extras else "")
 
 
-def setup(level: str = "INFO", fmt: str = "json", node: str | None = None) -> None:
+def setup(level: str = "INFO", fmt: str = "json", node: str | None = None, worker: int | None = None) -> None:
+    """``worker``: the index of a data-path worker process (proxy.worker), in every line it logs."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
-        handler.setFormatter(JsonFormatter(node))
+        handler.setFormatter(JsonFormatter(node, worker))
     else:
-        handler.setFormatter(TextFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        who = "" if worker is None else f"[worker {worker}] "
+        handler.setFormatter(TextFormatter(f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

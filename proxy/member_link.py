@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Callable, Iterable
 
 from membership.config import ConfigError as MemberConfigError
 from membership.config import MemberConfig, MemberSpec
@@ -45,6 +47,38 @@ def member_config(config: Config, node_id: str) -> MemberConfig:
         raise ConfigError(_FIELD.get(exc.field, f"fleet.{exc.field}"), str(exc)) from None
 
 
+def start_member(member: Member, host: str, brokers: Iterable[UpstreamBroker]) -> None:
+    """Start ``member`` (blocks until Raft is up) with the brokers the data path knows so far."""
+    from membership.raft import bind_outgoing
+
+    bind_outgoing(host)  # Raft traffic leaves from this node's own address
+    member.start()
+    report_brokers(member, brokers)
+
+
+def report_brokers(member: Member, brokers: Iterable[UpstreamBroker]) -> None:
+    member.set_brokers([Broker(b.node_id, b.host, b.port, b.rack) for b in brokers])
+
+
+REJOIN_DEADLINE_S = 60.0
+
+
+def rejoin(member: Member, node_id: str, stopped: Callable[[], bool]) -> None:
+    """A (re)started node wants to serve: undo a drain left from its last shutdown (blocking)."""
+    deadline = time.monotonic() + REJOIN_DEADLINE_S
+    while time.monotonic() < deadline and not stopped():
+        if node_id not in member.committed_state().draining and member.status().view.leader:
+            if member.committed_state().epoch > 0:
+                return
+        elif member.status().view.leader:
+            try:
+                member.undrain(node_id, timeout=5)
+                return
+            except Exception as exc:  # no leader yet, commit lost: retry until the deadline
+                log.info("undrain on start not done yet", extra={"reason": repr(exc)})
+        time.sleep(0.2)
+
+
 class MemberLink:
     """Connects one node's DataPath to its Member: the member's map in, the discovered brokers out."""
 
@@ -56,15 +90,11 @@ class MemberLink:
         datapath.on_brokers_changed(self._report_brokers)
 
     def start(self) -> None:
-        from membership.raft import bind_outgoing
-
-        bind_outgoing(self.datapath.node.host)  # Raft traffic leaves from this node's own address
-        self.member.start()
-        self._report_brokers(sorted(self.datapath.brokers.values()))
+        start_member(self.member, self.datapath.node.host, sorted(self.datapath.brokers.values()))
         self.member.subscribe(self._on_change)
 
     def _report_brokers(self, brokers: list[UpstreamBroker]) -> None:
-        self.member.set_brokers([Broker(b.node_id, b.host, b.port, b.rack) for b in brokers])
+        report_brokers(self.member, brokers)
 
     def _on_change(self, snapshot: ServingMap) -> None:  # member thread
         self.loop.call_soon_threadsafe(self._apply, snapshot)

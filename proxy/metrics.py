@@ -17,6 +17,7 @@ from typing import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import CounterMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 
@@ -123,3 +124,26 @@ class _TallyCollector(Collector):
         for api_key, n in sorted(self.counts.items()):
             family.add_metric([self.node_id, str(api_key)], n)
         yield family
+
+
+class _Families(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+def render_families(families: list[Metric]) -> bytes:
+    """Prometheus text of metric families gathered elsewhere (a node's workers, proxy.supervisor)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(families))
+    return generate_latest(registry)
+
+
+def worker_restarts_family(node_id: str, restarts: dict[int, int]) -> Metric:
+    family = CounterMetricFamily("kproxy_worker_restarts", "Data-path worker processes restarted after they exited",
+                                 labels=["node", "worker"])
+    for worker, n in sorted(restarts.items()):
+        family.add_metric([node_id, str(worker)], n)
+    return family

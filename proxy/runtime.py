@@ -120,20 +120,9 @@ class NodeRuntime:
             await self.shutdown()
 
     def _rejoin(self) -> None:
-        """A (re)started node wants to serve: undo a drain left from its last shutdown."""
-        member = self.link.member
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not self._stopped.is_set():
-            if self.node_id not in member.committed_state().draining and member.status().view.leader:
-                if member.committed_state().epoch > 0:
-                    return
-            elif member.status().view.leader:
-                try:
-                    member.undrain(self.node_id, timeout=5)
-                    return
-                except Exception as exc:  # no leader yet, commit lost: retry until the deadline
-                    log.info("undrain on start not done yet", extra={"reason": repr(exc)})
-            time.sleep(0.2)
+        from proxy.member_link import rejoin
+
+        rejoin(self.link.member, self.node_id, self._stopped.is_set)
 
     async def graceful_drain(self) -> None:
         """SIGTERM: publish a map without this node first, then move its clients (DESIGN §4)."""
@@ -159,4 +148,10 @@ class NodeRuntime:
 
 
 def run(config: Config, node_id: str) -> None:
+    """One node: one process (``workers = 1``), or a supervisor and its data-path workers."""
+    if config.node(node_id).workers > 1:
+        from proxy.supervisor import Supervisor
+
+        uvloop.run(Supervisor(config, node_id).serve())
+        return
     uvloop.run(NodeRuntime(config, node_id).serve())

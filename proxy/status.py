@@ -93,6 +93,26 @@ class MemberRow:
 
 
 @attrs.frozen
+class WorkerRow:
+    """A data-path worker process of a node (proxy.supervisor); a single-process node lists none."""
+
+    index: int
+    pid: int | None
+    ready: bool  # serving: listeners bound, its first map applied
+    restarts: int = 0
+    connections: int | None = None  # None: it did not answer
+    epoch: int | None = None  # of the newest map it acknowledged
+    version: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> WorkerRow:
+        return cls(**{a.name: d[a.name] for a in attrs.fields(cls) if a.name in d})
+
+
+@attrs.frozen
 class NodeStatus:
     """One node's ``/status`` (see the module doc for the fields that look alike)."""
 
@@ -123,6 +143,9 @@ class NodeStatus:
     effective: dict[str, Any] | None = None  # the member's serving map, membership's shape
     events: tuple[dict[str, Any], ...] = ()  # membership events: t (monotonic), ts_ns (wall), event, ...
     now: float | None = None  # the member's monotonic clock when this was taken
+    # ---- a node running data-path worker processes only: epoch/assignment above are then
+    # the newest map every ready worker acknowledged
+    workers: tuple[WorkerRow, ...] = ()
 
     @property
     def in_fleet(self) -> bool:
@@ -139,6 +162,7 @@ class NodeStatus:
         d["brokers"] = [b.to_json() for b in self.brokers]
         d["members"] = {k: m.to_json() for k, m in self.members.items()}
         d["events"] = list(self.events)
+        d["workers"] = [w.to_json() for w in self.workers]
         return d
 
     @classmethod
@@ -148,6 +172,7 @@ class NodeStatus:
             fields["brokers"] = tuple(BrokerRow.from_json(b) for b in d.get("brokers") or ())
             fields["members"] = {str(k): MemberRow.from_json(m) for k, m in (d.get("members") or {}).items()}
             fields["events"] = tuple(e for e in d.get("events") or () if isinstance(e, Mapping))
+            fields["workers"] = tuple(WorkerRow.from_json(w) for w in d.get("workers") or ())
             known = {a.name for a in attrs.fields(cls)}
             return cls(**{k: v for k, v in fields.items() if k in known})
         except (KeyError, TypeError, ValueError) as exc:
@@ -155,7 +180,7 @@ class NodeStatus:
 
 
 def node_status(datapath: DataPathStatus, serving: ServingMap, member: MemberStatus | None, *, pid: int,
-                ready: bool, admin_endpoints: Mapping[str, str]) -> NodeStatus:
+                ready: bool, admin_endpoints: Mapping[str, str], workers: tuple[WorkerRow, ...] = ()) -> NodeStatus:
     """A node's status from its parts: the data path, the map it serves, its fleet member (if any).
 
     ``epoch``/``assignment`` come from the serving map (what clients are told now);
@@ -164,7 +189,8 @@ def node_status(datapath: DataPathStatus, serving: ServingMap, member: MemberSta
         node=datapath.node, pid=pid, ready=ready and not datapath.unbound, bootstrap=datapath.bootstrap,
         listeners=datapath.listeners, unbound=datapath.unbound, standing_in=datapath.standing_in,
         connections=datapath.connections, draining=datapath.draining, brokers=datapath.brokers,
-        epoch=serving.epoch, assignment={str(b): p for b, p in serving.owners}, admin_endpoints=admin_endpoints)
+        epoch=serving.epoch, assignment={str(b): p for b, p in serving.owners}, admin_endpoints=admin_endpoints,
+        workers=workers)
     if member is None:
         return NodeStatus(role="standalone", term=0, leader=datapath.node, has_quorum=True, **common)
     m = member.to_json()  # the member's own wire form: one definition of its fields

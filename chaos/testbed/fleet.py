@@ -56,9 +56,10 @@ class LocalFleet(ClusterAdmin):
     def up(cls, state_dir: str | os.PathLike[str], brokers: int = 3, proxies: int = 3,
            kafka_bootstrap: str | list[str] | None = None, *, racks: list[str] | None = None,
            timeout: float = 90.0, kafka_base_port: int | None = None, first_ip: int = 11,
-           extra_config: dict[str, Any] | None = None, hosts: str = LOOPBACK) -> "LocalFleet":
+           extra_config: dict[str, Any] | None = None, hosts: str = LOOPBACK, workers: int = 1) -> "LocalFleet":
         """Proxies get 127.0.0.<first_ip>, <first_ip+1>, … (default .11, .12, …); with
-        ``hosts="netns"`` each its own emulated host (``chaos.testbed.hosts``)."""
+        ``hosts="netns"`` each its own emulated host (``chaos.testbed.hosts``), each with ``workers``
+        data-path processes."""
         if hosts not in (LOOPBACK, NETNS):
             raise LocalFleetError(f"unknown hosts mode {hosts!r} (one of {LOOPBACK}, {NETNS})")
         state = Path(state_dir).resolve()
@@ -94,7 +95,7 @@ class LocalFleet(ClusterAdmin):
             addresses = [plan.host(n).address for n in node_ids] if plan is not None else None
             cfg = fleet_config(state / "fleet.toml", upstream, proxies,
                                racks=racks or [f"rack-{i}" for i in (1, 2, 3)], first_ip=first_ip,
-                               extra=extra_config, hosts=addresses)
+                               extra=extra_config, hosts=addresses, workers=workers)
             nodes = [NodeProcess(cfg, n, addresses[i] if addresses else node_ip(i, first_ip), ADMIN_PORT,
                                  state / "logs" / f"{n}.log",
                                  exec_prefix=plan.exec_prefix(n) if plan is not None else ())

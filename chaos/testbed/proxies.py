@@ -4,6 +4,11 @@
 reads the same file and picks itself with ``--node``); ``NodeProcess`` starts
 ``kproxy run`` for one node, waits until its admin endpoint says ready, and
 signals or stops it by PID.
+
+Every node runs in its own session, so its own process group: a node of
+several processes (a supervisor and its data-path workers, proxy.supervisor)
+is frozen, thawed or killed whole by signalling the group, as a host's
+processes would all stop with it.
 """
 
 from __future__ import annotations
@@ -43,16 +48,18 @@ def fleet_config(path: str | os.PathLike[str], upstream: list[str], proxies: int
                  fleet: bool = True, racks: list[str] | None = None, tap_dir: str | None = None,
                  bootstrap_port: int = BOOTSTRAP_PORT, port_base: int = PORT_BASE, admin_port: int = ADMIN_PORT,
                  raft_port: int = RAFT_PORT, log_format: str = "json", extra: dict[str, Any] | None = None,
-                 hosts: list[str] | None = None) -> Path:
+                 hosts: list[str] | None = None, workers: int = 1) -> Path:
     """Write the fleet's TOML. Secrets go to ``<path>.env`` (0600), never into the TOML.
-    ``hosts``: node i's address (emulated hosts); default 127.0.0.<first_ip + i>."""
+    ``hosts``: node i's address (emulated hosts); default 127.0.0.<first_ip + i>.
+    ``workers``: data-path processes per node. One unless asked: several nodes
+    share this machine's few cores, where more processes per node add only noise."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     nodes = []
     for i in range(proxies):
         host = hosts[i] if hosts else node_ip(i, first_ip)
         node: dict[str, Any] = {"id": f"p{i + 1}", "host": host, "bootstrap_port": bootstrap_port,
-                                "admin_port": admin_port}
+                                "admin_port": admin_port, "workers": workers}
         if fleet:
             node["raft_port"] = raft_port
         if racks:
@@ -154,9 +161,24 @@ class NodeProcess(NodeAdmin):
         if not self.alive():
             raise ProxyProcessError(f"node {self.node_id} is not running")
         assert self.pid is not None
-        os.kill(self.pid, SIGNALS[name])
+        sig = SIGNALS[name]
+        if name == "TERM":
+            os.kill(self.pid, sig)  # the node drains, then stops its own workers
+        else:
+            self._signal_group(sig)
         if name == "KILL":
             self.wait_gone(10.0)
+
+    def _signal_group(self, sig: int) -> None:
+        """Every process of the node at once when it leads its own process group (start() makes it so)."""
+        assert self.pid is not None
+        try:
+            if os.getpgid(self.pid) == self.pid:
+                os.killpg(self.pid, sig)
+                return
+        except ProcessLookupError:
+            return
+        os.kill(self.pid, sig)
 
     def wait_gone(self, timeout: float) -> bool:
         if self.pid is None:
@@ -179,10 +201,10 @@ class NodeProcess(NodeAdmin):
         if not self.alive():
             return
         assert self.pid is not None
-        os.kill(self.pid, signal.SIGCONT)
+        self._signal_group(signal.SIGCONT)
         os.kill(self.pid, signal.SIGTERM)
         if not self.wait_gone(timeout):
-            os.kill(self.pid, signal.SIGKILL)
+            self._signal_group(signal.SIGKILL)
             self.wait_gone(10.0)
 
     def log_tail(self, lines: int = 40) -> str:

@@ -1,7 +1,8 @@
 """Configuration of one fleet member, validated like ``SyncObjConf.validate``.
 
 Defaults are tuned for a LAN/loopback fleet (DESIGN §9): a dead process is
-seen in ~0.1 s (its heartbeat port refuses), a frozen or partitioned one after
+seen within milliseconds (its Raft connections reset, then its heartbeat port
+refuses a probe; at the latest at the next beat, 0.25 s), a frozen or partitioned one after
 ``suspect_timeout`` (1.0 s), a lost leader is replaced after 0.3–0.6 s.
 
 Relationships enforced (each error names the field):
@@ -79,13 +80,17 @@ class MemberConfig:
     # Raft (pysyncobj)
     raft_min_timeout: float = 0.3
     raft_max_timeout: float = 0.6
-    append_entries_period: float = 0.05
-    autotick_period: float = 0.05
+    # The leader's Raft heartbeat: under raft_min_timeout / 3 (pysyncobj's rule), no
+    # shorter (each one is an encrypted message and a wake-up on every node).
+    append_entries_period: float = 0.085
+    autotick_period: float = 0.085
     connection_timeout: float = 1.0
     connection_retry_time: float = 0.25
     leader_fallback_timeout: float = 1.0
     # Failure detection and reassignment
-    heartbeat_interval: float = 0.1
+    # A dead process is seen at once (its Raft connections reset and the heartbeat
+    # probes it, membership.heartbeat); the beat only times out frozen or cut-off nodes.
+    heartbeat_interval: float = 0.25
     suspect_timeout: float = 1.0
     rebalance_delay: float = 1.0
     quorum_lease: float = 1.5

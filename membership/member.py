@@ -62,6 +62,7 @@ class Member:
         # across processes on one Linux machine.
         self._clock = time.monotonic
         self._addr_to_id = {m.raft_address: m.id for m in config.members}
+        self._raft_addresses = {m.id: m.raft_address for m in config.members}
         self._core = MemberCore(config, self._clock())
         self._raft: RaftReplica | None = None
         self._hb: Heartbeat | None = None
@@ -119,6 +120,7 @@ class Member:
             return
         self._core.started(self._clock())
         self._raft = raft
+        raft.on_link_lost(self._on_link_lost)
         raft.addOnTickCallback(self._on_tick)
         self._started.set()
         try:
@@ -262,6 +264,13 @@ class Member:
         except Exception:
             log.exception("membership tick failed")
 
+    def _on_link_lost(self, raft_address: str) -> None:
+        """The Raft connection to a peer dropped (tick thread): probe its heartbeat
+        port now, so a dead process is seen before the next beat."""
+        peer, hb = self._addr_to_id.get(raft_address), self._hb
+        if peer is not None and hb is not None and not self._stop.is_set():
+            hb.probe(peer, self._clock())
+
     def _tick(self) -> None:
         raft, hb = self._raft, self._hb
         if raft is None or hb is None:
@@ -283,8 +292,8 @@ class Member:
             if isinstance(action, control.Emit):
                 # ``ts_ns`` is wall-clock (the drill traces' clock), ``t`` the member's monotonic clock.
                 self._events.append(action.record(time.time_ns()))
-            elif isinstance(action, control.SendKeepalives):
-                raft.send_keepalive()
+            elif isinstance(action, control.KeepLinksOpen):
+                raft.keep_links_open(self._raft_addresses[p] for p in action.peers)
             elif isinstance(action, control.HastenElection):
                 raft.hasten_election(action.within_s)
             elif isinstance(action, control.SubmitJoin):

@@ -14,8 +14,8 @@ order, on the pysyncobj tick thread). Pitfalls handled here (DESIGN §9):
   unreachable node would silently grow the quorum.
 
 Every access to pysyncobj's private, name-mangled internals lives in
-:class:`RaftReplica` (``role``, ``leader_address``, ``send_keepalive``,
-``hasten_election``, ``subscribe_fd``) and in :func:`bind_outgoing`; they are
+:class:`RaftReplica` (``role``, ``leader_address``, ``keep_links_open``,
+``on_link_lost``, ``hasten_election``, ``subscribe_fd``) and in :func:`bind_outgoing`; they are
 written against pysyncobj ``PINNED_PYSYNCOBJ`` and checked against a real
 ``SyncObj`` by tests/integration/test_raft_private.py.
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as raft_clock
@@ -144,16 +144,38 @@ class RaftReplica(SyncObj):
         node = self._getLeader()
         return getattr(node, "address", None) if node else None
 
-    def send_keepalive(self) -> int:
-        """A no-op message on every Raft link (see ``control.SendKeepalives``);
-        the receiver ignores unknown message types. Returns the links written to."""
+    def keep_links_open(self, addresses: Iterable[str]) -> int:
+        """Mark the Raft connections to these peers as read just now, so pysyncobj
+        does not drop them as idle at the next send (see ``control.KeepLinksOpen``).
+        Returns the connections touched."""
         transport = getattr(self, "_SyncObj__transport", None)
         if transport is None:
             return 0
-        nodes = list(self.otherNodes)
-        for node in nodes:
-            transport.send(node, {"type": "kproxy_keepalive"})
-        return len(nodes)
+        wanted = set(addresses)
+        now = raft_clock()
+        touched = 0
+        for node, conn in list(transport._connections.items()):
+            if getattr(node, "address", None) in wanted and hasattr(conn, "_TcpConnection__lastReadTime"):
+                conn._TcpConnection__lastReadTime = now
+                touched += 1
+        return touched
+
+    def on_link_lost(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(raft_address)`` on the tick thread whenever the Raft
+        connection to a peer is lost (the peer's process died and its kernel
+        reset the connection, or pysyncobj dropped an idle link), after
+        pysyncobj's own handling."""
+        transport = getattr(self, "_SyncObj__transport")
+        own = transport._onNodeDisconnectedCallback
+
+        def lost(node: Any) -> None:
+            if own is not None:
+                own(node)
+            address = getattr(node, "address", None)
+            if address is not None:
+                callback(address)
+
+        transport.setOnNodeDisconnectedCallback(lost)
 
     def hasten_election(self, within_s: float) -> None:
         """Start an election within ``within_s`` unless the current deadline is

@@ -36,13 +36,13 @@ def test_password_is_required_and_named():
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"raft_min_timeout": 0.15}, "raft_min_timeout"),  # not > 3 * 0.05
+        ({"raft_min_timeout": 0.25}, "raft_min_timeout"),  # not > 3 * 0.085
         ({"raft_max_timeout": 0.3}, "raft_max_timeout"),  # not > min 0.3
         ({"connection_timeout": 0.5}, "connection_timeout"),  # < max 0.6
-        ({"autotick_period": 0.06}, "autotick_period"),  # > append period 0.05
-        ({"leader_fallback_timeout": 0.1}, "leader_fallback_timeout"),  # not > 0.1
-        ({"heartbeat_interval": 0.04}, "heartbeat_interval"),  # < autotick 0.05
-        ({"suspect_timeout": 0.25}, "suspect_timeout"),  # < 3 * 0.1
+        ({"autotick_period": 0.09}, "autotick_period"),  # > append period 0.085
+        ({"leader_fallback_timeout": 0.17}, "leader_fallback_timeout"),  # not > 2 * 0.085
+        ({"heartbeat_interval": 0.08}, "heartbeat_interval"),  # < autotick 0.085
+        ({"suspect_timeout": 0.7}, "suspect_timeout"),  # < 3 * 0.25
         ({"quorum_lease": 1.0}, "quorum_lease"),  # < 2 * 0.6
         ({"commit_timeout": 0.5}, "commit_timeout"),  # not > 0.6
         ({"rebalance_delay": -1}, "rebalance_delay"),

@@ -46,6 +46,8 @@ from topology import Broker, ProxyId
 
 # The leader re-plans at least this often even when nothing changed (rebalance timers).
 PLAN_INTERVAL_S = 0.1
+# Survivors of a dead leader ask for votes this far apart, in id order (MemberCore._hasten).
+HASTEN_SPACING_S = 0.1
 # A failed Join is retried after this long (a successful one: at the next tick, if still needed).
 JOIN_RETRY_S = 0.2
 
@@ -260,11 +262,11 @@ class MemberCore:
         return out
 
     def _hasten(self, live: frozenset[ProxyId], leader: ProxyId) -> HastenElection:
-        """Our heartbeat saw the leader die (its port refuses, ~0.1 s): start the
+        """Our heartbeat saw the leader die (its port refuses a probe): start the
         election now instead of waiting out the election timeout since the
         leader's last append_entries.
 
-        Survivors go in id order, ``2 * autotick_period`` apart: the first one's
+        Survivors go in id order, ``HASTEN_SPACING_S`` apart: the first one's
         vote request reaches the others before their own turn, so they vote for
         it instead of splitting the vote (random jitter smaller than a tick
         collided about one time in three: ticks run in lockstep). If the first
@@ -272,7 +274,7 @@ class MemberCore:
         ever makes the deadline earlier."""
         order = sorted(live - {leader})
         rank = order.index(self.node_id) if self.node_id in order else len(order)
-        return HastenElection(rank * 2 * self.config.autotick_period)
+        return HastenElection(rank * HASTEN_SPACING_S)
 
     def _track_peers(self, live: frozenset[ProxyId], now: float, out: list[Action]) -> None:
         for p in self._peer_ids:

@@ -35,6 +35,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import math
 import os
 import socket
 import struct
@@ -151,10 +152,18 @@ class Heartbeat:
 
     # ---- events ------------------------------------------------------------------------------
 
+    @property
+    def next_send(self) -> float:
+        """When :meth:`tick` sends the next beat (the clock's time)."""
+        return self._next_send
+
     def tick(self, now: float) -> None:
         if now < self._next_send:
             return
-        self._next_send = now + self.interval
+        # Beats go out on a grid of the clock (CLOCK_MONOTONIC is one clock for every
+        # process of a host): the peers' datagrams then arrive together and a
+        # receiver wakes once per beat instead of once per peer.
+        self._next_send = (math.floor(now / self.interval) + 1) * self.interval
         data = self._next_datagram()
         for peer, s in self._send.items():
             self._send_to(peer, s, data, now)
@@ -243,6 +252,12 @@ class Heartbeat:
 
     def live(self, now: float) -> frozenset[str]:
         return frozenset([self.self_id, *(p for p in self.peers if self.is_live(p, now))])
+
+    def next_expiry(self, now: float) -> float:
+        """The clock's time at which the first live peer goes stale (suspect_timeout
+        after its last datagram), inf if none will: the member wakes then."""
+        due = [self._heard[p] + self.suspect_timeout for p in self.peers if self.is_live(p, now)]
+        return min(due, default=float("inf"))
 
     def peer_status(self, now: float) -> dict[str, dict[str, object]]:
         out: dict[str, dict[str, object]] = {}

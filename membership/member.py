@@ -8,7 +8,8 @@ Threads (all started by :meth:`Member.start`, all joined by :meth:`stop`):
 
 * the **pysyncobj tick thread** runs Raft and, through a tick callback, the
   core's tick (heartbeat sockets sit in pysyncobj's poller). Nothing in it
-  blocks; it wakes on socket events or every ``autotick_period``. Command
+  blocks; it wakes on socket events or when a timer is due (Raft's, the
+  heartbeat's, a peer going stale), at the latest every ``autotick_period``. Command
   results come back on this thread too, so the core is single-threaded.
 * the **member thread** owns the ``SyncObj`` (pysyncobj stops ticking when the
   thread that created it exits, so it must be ours, not the caller's) and
@@ -121,6 +122,7 @@ class Member:
         self._core.started(self._clock())
         self._raft = raft
         raft.on_link_lost(self._on_link_lost)
+        raft.cap_poll_wait(self._seconds_to_next_timer)
         raft.addOnTickCallback(self._on_tick)
         self._started.set()
         try:
@@ -193,6 +195,11 @@ class Member:
         data path does not know."""
         self._core.set_brokers(brokers)
 
+    def raft_peers_connected(self) -> set[str]:
+        """Raft addresses of the peers this member holds a Raft connection to."""
+        raft = self._raft
+        return set() if raft is None else raft.connected_peers()
+
     def is_leader(self) -> bool:
         return self._core.view.role == "leader"
 
@@ -263,6 +270,14 @@ class Member:
             self._tick()
         except Exception:
             log.exception("membership tick failed")
+
+    def _seconds_to_next_timer(self) -> float:
+        """Until the next heartbeat is due or a live peer goes stale (tick thread)."""
+        hb = self._hb
+        if hb is None:
+            return float("inf")
+        now = self._clock()
+        return min(hb.next_send, hb.next_expiry(now)) - now
 
     def _on_link_lost(self, raft_address: str) -> None:
         """The Raft connection to a peer dropped (tick thread): probe its heartbeat

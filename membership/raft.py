@@ -15,7 +15,7 @@ order, on the pysyncobj tick thread). Pitfalls handled here (DESIGN §9):
 
 Every access to pysyncobj's private, name-mangled internals lives in
 :class:`RaftReplica` (``role``, ``leader_address``, ``keep_links_open``,
-``on_link_lost``, ``hasten_election``, ``subscribe_fd``) and in :func:`bind_outgoing`; they are
+``on_link_lost``, ``hasten_election``, ``cap_poll_wait``, ``subscribe_fd``) and in :func:`bind_outgoing`; they are
 written against pysyncobj ``PINNED_PYSYNCOBJ`` and checked against a real
 ``SyncObj`` by tests/integration/test_raft_private.py.
 
@@ -53,6 +53,8 @@ log = logging.getLogger(__name__)
 
 #: The pysyncobj version the private accessors below were written and tested against.
 PINNED_PYSYNCOBJ = "0.3.17"
+# Wake this much after a pysyncobj timer is due (RaftReplica.cap_poll_wait).
+RAFT_TIMER_SLACK_S = 0.002
 _ROLES = {0: "follower", 1: "candidate", 2: "leader"}
 
 
@@ -144,6 +146,10 @@ class RaftReplica(SyncObj):
         node = self._getLeader()
         return getattr(node, "address", None) if node else None
 
+    def connected_peers(self) -> set[str]:
+        """Raft addresses of the peers this replica holds a connection to."""
+        return {n.address for n in self.otherNodes if self.isNodeConnected(n)}
+
     def keep_links_open(self, addresses: Iterable[str]) -> int:
         """Mark the Raft connections to these peers as read just now, so pysyncobj
         does not drop them as idle at the next send (see ``control.KeepLinksOpen``).
@@ -193,6 +199,34 @@ class RaftReplica(SyncObj):
         """Seconds until pysyncobj's election deadline (for tests and status)."""
         current = getattr(self, "_SyncObj__raftElectionDeadline", None)
         return None if current is None else current - raft_clock()
+
+    def cap_poll_wait(self, seconds_left: Callable[[], float]) -> None:
+        """Make the tick thread's idle wait end at the first due timer: pysyncobj's
+        own (:meth:`raft_timer_in`) or ours (``seconds_left()``, run on the tick
+        thread before every wait); at the latest after autotick_period; at once
+        on a socket event. The thread then wakes when something is due, not
+        every append_entries_period whatever happens."""
+        poller = self._poller
+        poll = poller.poll
+
+        def capped(timeout: float) -> None:
+            ours, raft = seconds_left(), self.raft_timer_in()
+            # A raft timer already past is one pysyncobj is not acting on (an
+            # election deadline while connected to nobody): not a reason to spin.
+            # One woken a hair early finds its timer not yet due (pysyncobj reads
+            # CLOCK_MONOTONIC_RAW, poll() waits on CLOCK_MONOTONIC) and costs a
+            # second wake-up: hence the slack.
+            raft = raft + RAFT_TIMER_SLACK_S if raft > 0 else timeout
+            poll(max(0.0, min(timeout, ours, raft)))
+
+        poller.poll = capped  # an instance attribute: this replica's poller only
+
+    def raft_timer_in(self) -> float:
+        """Seconds until pysyncobj's next timer: the leader's next append_entries,
+        anyone else's election deadline (inf if unknown)."""
+        attr = "_SyncObj__newAppendEntriesTime" if self._isLeader() else "_SyncObj__raftElectionDeadline"
+        due = getattr(self, attr, None)
+        return float("inf") if due is None else due - raft_clock()
 
     def subscribe_fd(self, fd: int, callback: Callable[[int, int], None]) -> None:
         """Watch ``fd`` for reads and errors in pysyncobj's own poller: the

@@ -60,7 +60,7 @@ def test_election_hastened_in_id_order_and_keepalives_scheduled():
     view = RaftView("follower", "a", 1, joined())
     b, c = core("b"), core("c")
     assert of(HastenElection, b.tick(0.0, frozenset("bc"), True, view)) == [HastenElection(0.0)]
-    assert of(HastenElection, c.tick(0.0, frozenset("bc"), True, view)) == [HastenElection(2 * 0.085)]  # two autotick periods
+    assert of(HastenElection, c.tick(0.0, frozenset("bc"), True, view)) == [HastenElection(0.1)]
     assert of(HastenElection, b.tick(0.1, frozenset("abc"), True, view)) == []
     assert of(KeepLinksOpen, b.tick(0.26, frozenset("abc"), True, view)) == [KeepLinksOpen(frozenset("ac"))]
     assert of(KeepLinksOpen, b.tick(0.3, frozenset("abc"), True, view)) == []  # every connection_timeout / 4

@@ -57,9 +57,12 @@ def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_rounds: 
 @click.option("--state-dir", default=None, help="Use a running local fleet instead of starting one.")
 @click.option("--out", "out_dir", default=None, help="Keep the traces here.")
 @click.option("--seed", type=int, default=None)
+@click.option("--light-clients", type=click.IntRange(0, 50_000), default=0, show_default=True,
+              help="Also N light clients (connect, Metadata, hold a connection; reconnect on loss) during the "
+                   "SIGKILL drills: light_recovered_s, fault to each cut client back.")
 @click.option("--json", "as_json", is_flag=True)
 def bench_failover(drills: int, drains: int, clients: str | None, rate: float, state_dir: str | None,
-                   out_dir: str | None, seed: int | None, as_json: bool) -> None:
+                   out_dir: str | None, seed: int | None, light_clients: int, as_json: bool) -> None:
     """RTO per client family over many SIGKILL drills (and drains), detection and commit times."""
     from chaos.bench.failover import DEFAULT_CLIENTS, run
 
@@ -72,11 +75,12 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
             console.print(f"[dim]… {status['phase']}[/dim]")
 
     results = run(drills=drills, drains=drains, clients=clients or DEFAULT_CLIENTS, rate=rate, state_dir=state_dir,
-                  out_dir=out_dir, seed=seed, progress=progress)
+                  out_dir=out_dir, seed=seed, light_clients=light_clients, progress=progress)
     if as_json:
         click.echo(json.dumps(results, indent=2, default=str))
         return
-    for key in ("drills", "rto_ms", "detect_ms", "commit_ms", "lost", "duplicated", "drain", "targets"):
+    for key in ("drills", "rto_ms", "detect_ms", "commit_ms", "lost", "duplicated", "drain", "light_clients",
+                "light_recovered_s", "light_never_back", "targets"):
         click.echo(f"{key}: {results.get(key)}")
 
 

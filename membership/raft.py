@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 PINNED_PYSYNCOBJ = "0.3.17"
 # Wake this much after a pysyncobj timer is due (RaftReplica.cap_poll_wait).
 RAFT_TIMER_SLACK_S = 0.002
+MIN_WAIT_S = 0.001
 _ROLES = {0: "follower", 1: "candidate", 2: "leader"}
 
 
@@ -217,7 +218,9 @@ class RaftReplica(SyncObj):
             # CLOCK_MONOTONIC_RAW, poll() waits on CLOCK_MONOTONIC) and costs a
             # second wake-up: hence the slack.
             raft = raft + RAFT_TIMER_SLACK_S if raft > 0 else timeout
-            poll(max(0.0, min(timeout, ours, raft)))
+            # A timer of ours already due is acted on by the tick that follows at
+            # once; the floor only bounds the spin should that tick keep failing.
+            poll(min(timeout, max(ours, MIN_WAIT_S), raft))
 
         poller.poll = capped  # an instance attribute: this replica's poller only
 

@@ -61,11 +61,17 @@ def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_rounds: 
 @click.option("--seed", type=int, default=None)
 @click.option("--hosts", type=click.Choice(HOST_MODES), default=LOOPBACK, show_default=True,
               help="The fleet brought up: on loopback, or each node on an emulated host (netns, needs root).")
+@click.option("--light-clients", type=click.IntRange(0, 50_000), default=0, show_default=True,
+              help="Also N light clients (connect, Metadata, hold a connection; reconnect on loss) during the "
+                   "SIGKILL drills: light_recovered_s, fault to each cut client back. Loopback only.")
 @click.option("--json", "as_json", is_flag=True)
 def bench_failover(drills: int, drains: int, clients: str | None, rate: float, state_dir: str | None,
-                   out_dir: str | None, seed: int | None, hosts: str, as_json: bool) -> None:
+                   out_dir: str | None, seed: int | None, hosts: str, light_clients: int, as_json: bool) -> None:
     """RTO per client family over many SIGKILL drills (and drains), detection and commit times."""
     from chaos.bench.failover import DEFAULT_CLIENTS, run
+
+    if light_clients and hosts != LOOPBACK:
+        raise click.BadParameter("light clients run on loopback only", param_hint="--light-clients")
 
     console = Console(stderr=True)
     phases: list[str] = []
@@ -76,11 +82,12 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
             console.print(f"[dim]… {status['phase']}[/dim]")
 
     results = run(drills=drills, drains=drains, clients=clients or DEFAULT_CLIENTS, rate=rate, state_dir=state_dir,
-                  out_dir=out_dir, seed=seed, progress=progress, hosts=hosts)
+                  out_dir=out_dir, seed=seed, light_clients=light_clients, progress=progress, hosts=hosts)
     if as_json:
         click.echo(json.dumps(results, indent=2, default=str))
         return
-    for key in ("drills", "rto_ms", "detect_ms", "commit_ms", "lost", "duplicated", "drain", "targets"):
+    for key in ("drills", "rto_ms", "detect_ms", "commit_ms", "lost", "duplicated", "drain", "light_clients",
+                "light_recovered_s", "light_never_back", "targets"):
         click.echo(f"{key}: {results.get(key)}")
 
 
@@ -92,8 +99,11 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
               help="Also run each size through a node with this limits.listen_backlog (100: the old default).")
 @click.option("--deadline", type=click.FloatRange(1, 600), default=60.0, show_default=True,
               help="Seconds a light client has to be served.")
+@click.option("--idle-window", type=click.FloatRange(0, 3600), default=60.0, show_default=True,
+              help="Seconds over which to measure the CPU of an idle 5-node fleet on the same brokers "
+                   "(idle_cpu_fraction, of a core per node); 0: skip.")
 @click.option("--json", "as_json", is_flag=True)
-def bench_storm(clients: str, backlog: int | None, deadline: float, as_json: bool) -> None:
+def bench_storm(clients: str, backlog: int | None, deadline: float, idle_window: float, as_json: bool) -> None:
     """N clients connect at once (ApiVersions, Metadata, a small Produce): kproxy vs a broker directly."""
     from chaos.bench.storm import run
 
@@ -104,7 +114,8 @@ def bench_storm(clients: str, backlog: int | None, deadline: float, as_json: boo
     if not sizes or any(not 1 <= n <= 100_000 for n in sizes):
         raise click.BadParameter("sizes between 1 and 100000", param_hint="--clients")
     console = Console(stderr=True)
-    results = run(sizes, backlog=backlog, deadline_s=deadline, progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
+    results = run(sizes, backlog=backlog, deadline_s=deadline, idle_window_s=idle_window,
+                  progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
     if as_json:
         click.echo(json.dumps(results, indent=2))
         return
@@ -112,6 +123,10 @@ def bench_storm(clients: str, backlog: int | None, deadline: float, as_json: boo
         click.echo(f"{row['clients']:>6} clients: direct {row['direct_all_served_s']} s ({row['direct_failed']} failed)"
                    f", kproxy {row['proxy_all_served_s']} s ({row['proxy_failed']} failed),"
                    f" {row['rss_bytes_per_connection']} B/connection")
+    if "idle_cpu_fraction" in results:
+        click.echo(f"idle CPU per node (of a core, over {results['idle_window_s']:g} s): "
+                   f"mean {results['idle_cpu_fraction']}, max {results['idle_cpu_fraction_max']}"
+                   f" (leader {results['idle_leader']})")
     click.echo(f"targets: {results['targets']}")
 
 

@@ -18,8 +18,9 @@ proxy_id`` with an epoch that grows by one on every accepted change.
   commit; a returning node is marked up at once and gets identities by a
   second commit after ``rebalance_delay`` of continuous liveness; drains
   move identities at once. A new leader simply re-plans from the log.
-* ``heartbeat`` — UDP heartbeats: process death seen in ~0.1 s (the dead
-  port refuses), a frozen or partitioned node after ``suspect_timeout``.
+* ``heartbeat`` — UDP heartbeats: process death seen within milliseconds (its
+  Raft connections reset, the member probes its heartbeat port, the dead port
+  refuses), a frozen or partitioned node after ``suspect_timeout``.
 * ``effective`` / ``serving`` — what the data path serves, as one
   ``ServingMap``: the committed table, or, after ``quorum_lease`` without
   quorum, the last committed table with the identities of unreachable owners

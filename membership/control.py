@@ -9,7 +9,7 @@ whether every peer has been heard once, and a :class:`RaftView` (role, leader,
 term, committed state); besides, the local brokers (:meth:`set_brokers`) and
 the results of the commands it asked to submit (:meth:`join_done`,
 :meth:`plan_done`). Actions, in the order the shell must execute them:
-:class:`SendKeepalives`, :class:`Emit`, :class:`HastenElection`,
+:class:`KeepLinksOpen`, :class:`Emit`, :class:`HastenElection`,
 :class:`SubmitJoin`, :class:`SubmitPlan`, :class:`NewState`, :class:`Publish`.
 
 What it decides:
@@ -19,8 +19,8 @@ What it decides:
   the configured members live *and* a leader we can hear;
 * **election hastening**: the leader's heartbeat is gone, so ask for an early
   election, survivors in id order (:meth:`MemberCore._hasten`);
-* **Raft link keepalives** every ``connection_timeout / 4`` (see
-  :class:`SendKeepalives`);
+* **Raft links kept open** every ``connection_timeout / 4``: those to live
+  peers (see :class:`KeepLinksOpen`);
 * **join gating**: propose our own ``Join`` until the committed state holds it;
 * **plan gating**: on the leader only, after warm-up, one command in flight
   with a deadline, re-planned at least every ``PLAN_INTERVAL_S``;
@@ -46,6 +46,8 @@ from topology import Broker, ProxyId
 
 # The leader re-plans at least this often even when nothing changed (rebalance timers).
 PLAN_INTERVAL_S = 0.1
+# Survivors of a dead leader ask for votes this far apart, in id order (MemberCore._hasten).
+HASTEN_SPACING_S = 0.1
 # A failed Join is retried after this long (a successful one: at the next tick, if still needed).
 JOIN_RETRY_S = 0.2
 
@@ -75,16 +77,23 @@ class MemberView:
 
 
 @attrs.frozen(slots=True)
-class SendKeepalives:
-    """Send a no-op message on every Raft link.
+class KeepLinksOpen:
+    """Keep the Raft links to ``peers`` from being dropped as idle.
 
-    pysyncobj checks a connection's timeout when it *sends*: a link that
-    carried nothing for connection_timeout (follower to follower, all the
-    time in a stable cluster) is dropped by the first message sent on it,
-    and that first message is a candidate's vote request when the leader
-    dies. Measured: the vote was lost, both followers became candidates and
-    the election took a second round (~0.5 s instead of ~0.1 s). Unknown
-    message types are ignored by the receiver."""
+    pysyncobj checks a connection's timeout when it *sends*: a link that read
+    nothing for connection_timeout (follower to follower, all the time in a
+    stable cluster) is dropped by the first message sent on it, and that
+    first message is a candidate's vote request when the leader dies.
+    Measured: the vote was lost, both followers became candidates and the
+    election took a second round (~0.5 s instead of ~0.1 s).
+
+    ``peers`` are the live ones: each sent us an authenticated heartbeat
+    within suspect_timeout (<= connection_timeout), so the link's idleness
+    says nothing the heartbeat does not already know better. The shell marks
+    those links as read just now; no message is sent (a no-op Raft message
+    per link, encrypted at both ends, was a large share of an idle node's CPU)."""
+
+    peers: frozenset[ProxyId]
 
 
 @attrs.frozen(slots=True)
@@ -136,7 +145,7 @@ class Publish:
     map: ServingMap
 
 
-Action = SendKeepalives | HastenElection | SubmitJoin | SubmitPlan | Emit | NewState | Publish
+Action = KeepLinksOpen | HastenElection | SubmitJoin | SubmitPlan | Emit | NewState | Publish
 
 
 def _emit(now: float, event: str, **fields: Any) -> Emit:
@@ -219,7 +228,7 @@ class MemberCore:
         out: list[Action] = []
         if now >= self._next_keepalive:
             self._next_keepalive = now + self.config.connection_timeout / 4
-            out.append(SendKeepalives())
+            out.append(KeepLinksOpen(frozenset(live & self._all_ids) - {self.node_id}))
         self._track_peers(live, now, out)
         state, role, leader = raft.state, raft.role, raft.leader
         majority = 2 * len(live & self._all_ids) > len(self._all_ids)
@@ -253,11 +262,11 @@ class MemberCore:
         return out
 
     def _hasten(self, live: frozenset[ProxyId], leader: ProxyId) -> HastenElection:
-        """Our heartbeat saw the leader die (its port refuses, ~0.1 s): start the
+        """Our heartbeat saw the leader die (its port refuses a probe): start the
         election now instead of waiting out the election timeout since the
         leader's last append_entries.
 
-        Survivors go in id order, ``2 * autotick_period`` apart: the first one's
+        Survivors go in id order, ``HASTEN_SPACING_S`` apart: the first one's
         vote request reaches the others before their own turn, so they vote for
         it instead of splitting the vote (random jitter smaller than a tick
         collided about one time in three: ticks run in lockstep). If the first
@@ -265,7 +274,7 @@ class MemberCore:
         ever makes the deadline earlier."""
         order = sorted(live - {leader})
         rank = order.index(self.node_id) if self.node_id in order else len(order)
-        return HastenElection(rank * 2 * self.config.autotick_period)
+        return HastenElection(rank * HASTEN_SPACING_S)
 
     def _track_peers(self, live: frozenset[ProxyId], now: float, out: list[Action]) -> None:
         for p in self._peer_ids:

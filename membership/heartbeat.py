@@ -14,7 +14,11 @@ of every peer, whatever the roles, with its own timeout:
   peer from a socket *connected* to that peer;
 * a peer whose process died makes its host answer ICMP "port unreachable":
   the connected socket reports ``ECONNREFUSED`` (the poller sees an error
-  event at once), so process death is seen within one interval (~0.1 s);
+  event at once), so process death is seen within one interval;
+* and sooner: the dead process' kernel also resets its Raft connections, and
+  the member then probes that peer at once (:meth:`Heartbeat.probe`), so process
+  death is seen within milliseconds while the beat itself can stay slow (an
+  idle node's CPU is mostly the wake-ups of its tick thread);
 * a frozen or partitioned peer just stops sending: it is dead after
   ``suspect_timeout`` without a datagram from it.
 
@@ -31,6 +35,7 @@ import hashlib
 import hmac
 import ipaddress
 import logging
+import math
 import os
 import socket
 import struct
@@ -147,19 +152,44 @@ class Heartbeat:
 
     # ---- events ------------------------------------------------------------------------------
 
+    @property
+    def next_send(self) -> float:
+        """When :meth:`tick` sends the next beat (the clock's time)."""
+        return self._next_send
+
     def tick(self, now: float) -> None:
         if now < self._next_send:
             return
-        self._next_send = now + self.interval
-        self._seq += 1
-        data = encode(self._key, self.self_id, self._incarnation, self._seq)
+        # Beats go out on a grid of the clock (CLOCK_MONOTONIC is one clock for every
+        # process of a host): the peers' datagrams then arrive together and a
+        # receiver wakes once per beat instead of once per peer.
+        self._next_send = (math.floor(now / self.interval) + 1) * self.interval
+        data = self._next_datagram()
         for peer, s in self._send.items():
-            try:
-                s.send(data)
-            except ConnectionRefusedError:
-                self._refused[peer] = now
-            except OSError as exc:  # buffer full, no route: a missed beat, nothing more
-                log.debug("heartbeat to %s failed: %s", peer, exc)
+            self._send_to(peer, s, data, now)
+
+    def probe(self, peer: str, now: float) -> None:
+        """Send ``peer`` a datagram now, off the beat: when its process is gone
+        its host answers "port unreachable" at once, which :meth:`on_peer_event`
+        records as a refusal. Called when the Raft link to ``peer`` drops, so a
+        dead process is seen within milliseconds, not at the next beat."""
+        s = self._send.get(peer)
+        if s is None:
+            return
+        self._send_to(peer, s, self._next_datagram(), now)
+        self.on_peer_event(peer)  # on loopback the refusal is often there already
+
+    def _next_datagram(self) -> bytes:
+        self._seq += 1
+        return encode(self._key, self.self_id, self._incarnation, self._seq)
+
+    def _send_to(self, peer: str, s: socket.socket, data: bytes, now: float) -> None:
+        try:
+            s.send(data)
+        except ConnectionRefusedError:
+            self._refused[peer] = now
+        except OSError as exc:  # buffer full, no route: a missed beat, nothing more
+            log.debug("heartbeat to %s failed: %s", peer, exc)
 
     def on_readable(self) -> None:
         if self._recv is None:
@@ -222,6 +252,12 @@ class Heartbeat:
 
     def live(self, now: float) -> frozenset[str]:
         return frozenset([self.self_id, *(p for p in self.peers if self.is_live(p, now))])
+
+    def next_expiry(self, now: float) -> float:
+        """The clock's time at which the first live peer goes stale (suspect_timeout
+        after its last datagram), inf if none will: the member wakes then."""
+        due = [self._heard[p] + self.suspect_timeout for p in self.peers if self.is_live(p, now)]
+        return min(due, default=float("inf"))
 
     def peer_status(self, now: float) -> dict[str, dict[str, object]]:
         out: dict[str, dict[str, object]] = {}

@@ -8,7 +8,8 @@ Threads (all started by :meth:`Member.start`, all joined by :meth:`stop`):
 
 * the **pysyncobj tick thread** runs Raft and, through a tick callback, the
   core's tick (heartbeat sockets sit in pysyncobj's poller). Nothing in it
-  blocks; it wakes on socket events or every ``autotick_period``. Command
+  blocks; it wakes on socket events or when a timer is due (Raft's, the
+  heartbeat's, a peer going stale), at the latest every ``autotick_period``. Command
   results come back on this thread too, so the core is single-threaded.
 * the **member thread** owns the ``SyncObj`` (pysyncobj stops ticking when the
   thread that created it exits, so it must be ours, not the caller's) and
@@ -62,6 +63,7 @@ class Member:
         # across processes on one Linux machine.
         self._clock = time.monotonic
         self._addr_to_id = {m.raft_address: m.id for m in config.members}
+        self._raft_addresses = {m.id: m.raft_address for m in config.members}
         self._core = MemberCore(config, self._clock())
         self._raft: RaftReplica | None = None
         self._hb: Heartbeat | None = None
@@ -119,6 +121,8 @@ class Member:
             return
         self._core.started(self._clock())
         self._raft = raft
+        raft.on_link_lost(self._on_link_lost)
+        raft.cap_poll_wait(self._seconds_to_next_timer)
         raft.addOnTickCallback(self._on_tick)
         self._started.set()
         try:
@@ -191,6 +195,11 @@ class Member:
         data path does not know."""
         self._core.set_brokers(brokers)
 
+    def raft_peers_connected(self) -> set[str]:
+        """Raft addresses of the peers this member holds a Raft connection to."""
+        raft = self._raft
+        return set() if raft is None else raft.connected_peers()
+
     def is_leader(self) -> bool:
         return self._core.view.role == "leader"
 
@@ -262,6 +271,21 @@ class Member:
         except Exception:
             log.exception("membership tick failed")
 
+    def _seconds_to_next_timer(self) -> float:
+        """Until the next heartbeat is due or a live peer goes stale (tick thread)."""
+        hb = self._hb
+        if hb is None:
+            return float("inf")
+        now = self._clock()
+        return min(hb.next_send, hb.next_expiry(now)) - now
+
+    def _on_link_lost(self, raft_address: str) -> None:
+        """The Raft connection to a peer dropped (tick thread): probe its heartbeat
+        port now, so a dead process is seen before the next beat."""
+        peer, hb = self._addr_to_id.get(raft_address), self._hb
+        if peer is not None and hb is not None and not self._stop.is_set():
+            hb.probe(peer, self._clock())
+
     def _tick(self) -> None:
         raft, hb = self._raft, self._hb
         if raft is None or hb is None:
@@ -283,8 +307,8 @@ class Member:
             if isinstance(action, control.Emit):
                 # ``ts_ns`` is wall-clock (the drill traces' clock), ``t`` the member's monotonic clock.
                 self._events.append(action.record(time.time_ns()))
-            elif isinstance(action, control.SendKeepalives):
-                raft.send_keepalive()
+            elif isinstance(action, control.KeepLinksOpen):
+                raft.keep_links_open(self._raft_addresses[p] for p in action.peers)
             elif isinstance(action, control.HastenElection):
                 raft.hasten_election(action.within_s)
             elif isinstance(action, control.SubmitJoin):

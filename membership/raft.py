@@ -14,8 +14,8 @@ order, on the pysyncobj tick thread). Pitfalls handled here (DESIGN §9):
   unreachable node would silently grow the quorum.
 
 Every access to pysyncobj's private, name-mangled internals lives in
-:class:`RaftReplica` (``role``, ``leader_address``, ``send_keepalive``,
-``hasten_election``, ``subscribe_fd``) and in :func:`bind_outgoing`; they are
+:class:`RaftReplica` (``role``, ``leader_address``, ``keep_links_open``,
+``on_link_lost``, ``hasten_election``, ``cap_poll_wait``, ``subscribe_fd``) and in :func:`bind_outgoing`; they are
 written against pysyncobj ``PINNED_PYSYNCOBJ`` and checked against a real
 ``SyncObj`` by tests/integration/test_raft_private.py.
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as raft_clock
@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 
 #: The pysyncobj version the private accessors below were written and tested against.
 PINNED_PYSYNCOBJ = "0.3.17"
+# Wake this much after a pysyncobj timer is due (RaftReplica.cap_poll_wait).
+RAFT_TIMER_SLACK_S = 0.002
+MIN_WAIT_S = 0.001
 _ROLES = {0: "follower", 1: "candidate", 2: "leader"}
 
 
@@ -144,16 +147,42 @@ class RaftReplica(SyncObj):
         node = self._getLeader()
         return getattr(node, "address", None) if node else None
 
-    def send_keepalive(self) -> int:
-        """A no-op message on every Raft link (see ``control.SendKeepalives``);
-        the receiver ignores unknown message types. Returns the links written to."""
+    def connected_peers(self) -> set[str]:
+        """Raft addresses of the peers this replica holds a connection to."""
+        return {n.address for n in self.otherNodes if self.isNodeConnected(n)}
+
+    def keep_links_open(self, addresses: Iterable[str]) -> int:
+        """Mark the Raft connections to these peers as read just now, so pysyncobj
+        does not drop them as idle at the next send (see ``control.KeepLinksOpen``).
+        Returns the connections touched."""
         transport = getattr(self, "_SyncObj__transport", None)
         if transport is None:
             return 0
-        nodes = list(self.otherNodes)
-        for node in nodes:
-            transport.send(node, {"type": "kproxy_keepalive"})
-        return len(nodes)
+        wanted = set(addresses)
+        now = raft_clock()
+        touched = 0
+        for node, conn in list(transport._connections.items()):
+            if getattr(node, "address", None) in wanted and hasattr(conn, "_TcpConnection__lastReadTime"):
+                conn._TcpConnection__lastReadTime = now
+                touched += 1
+        return touched
+
+    def on_link_lost(self, callback: Callable[[str], None]) -> None:
+        """Call ``callback(raft_address)`` on the tick thread whenever the Raft
+        connection to a peer is lost (the peer's process died and its kernel
+        reset the connection, or pysyncobj dropped an idle link), after
+        pysyncobj's own handling."""
+        transport = getattr(self, "_SyncObj__transport")
+        own = transport._onNodeDisconnectedCallback
+
+        def lost(node: Any) -> None:
+            if own is not None:
+                own(node)
+            address = getattr(node, "address", None)
+            if address is not None:
+                callback(address)
+
+        transport.setOnNodeDisconnectedCallback(lost)
 
     def hasten_election(self, within_s: float) -> None:
         """Start an election within ``within_s`` unless the current deadline is
@@ -171,6 +200,36 @@ class RaftReplica(SyncObj):
         """Seconds until pysyncobj's election deadline (for tests and status)."""
         current = getattr(self, "_SyncObj__raftElectionDeadline", None)
         return None if current is None else current - raft_clock()
+
+    def cap_poll_wait(self, seconds_left: Callable[[], float]) -> None:
+        """Make the tick thread's idle wait end at the first due timer: pysyncobj's
+        own (:meth:`raft_timer_in`) or ours (``seconds_left()``, run on the tick
+        thread before every wait); at the latest after autotick_period; at once
+        on a socket event. The thread then wakes when something is due, not
+        every append_entries_period whatever happens."""
+        poller = self._poller
+        poll = poller.poll
+
+        def capped(timeout: float) -> None:
+            ours, raft = seconds_left(), self.raft_timer_in()
+            # A raft timer already past is one pysyncobj is not acting on (an
+            # election deadline while connected to nobody): not a reason to spin.
+            # One woken a hair early finds its timer not yet due (pysyncobj reads
+            # CLOCK_MONOTONIC_RAW, poll() waits on CLOCK_MONOTONIC) and costs a
+            # second wake-up: hence the slack.
+            raft = raft + RAFT_TIMER_SLACK_S if raft > 0 else timeout
+            # A timer of ours already due is acted on by the tick that follows at
+            # once; the floor only bounds the spin should that tick keep failing.
+            poll(min(timeout, max(ours, MIN_WAIT_S), raft))
+
+        poller.poll = capped  # an instance attribute: this replica's poller only
+
+    def raft_timer_in(self) -> float:
+        """Seconds until pysyncobj's next timer: the leader's next append_entries,
+        anyone else's election deadline (inf if unknown)."""
+        attr = "_SyncObj__newAppendEntriesTime" if self._isLeader() else "_SyncObj__raftElectionDeadline"
+        due = getattr(self, attr, None)
+        return float("inf") if due is None else due - raft_clock()
 
     def subscribe_fd(self, fd: int, callback: Callable[[int, int], None]) -> None:
         """Watch ``fd`` for reads and errors in pysyncobj's own poller: the

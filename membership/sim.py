@@ -60,7 +60,7 @@ from membership.serving import ServingMap
 from membership.state import FleetState
 from topology import Broker, ProxyNode, assign
 
-TICK_S = 0.05  # the default autotick_period
+TICK_S = 0.05  # a tick of the simulated clock
 SAFETY_S = 12.0
 LIVENESS_BOUND_S = 20.0  # commit_timeout (5 s) + suspect_timeout + elections + rebalance_delay, with margin
 REPLAY = "python -m membership.sim --seed {seed}"

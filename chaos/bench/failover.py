@@ -9,6 +9,15 @@ same kind of window). Reports per client family p50/p99/max RTO, detection
 duplicated records. Targets: p99 RTO <= 1 s for process death; <= 100 ms of
 client-visible disruption for a graceful drain.
 
+With ``light_clients`` N, N light clients (chaos.bench.light_clients: bootstrap,
+Metadata, one connection to a broker identity, re-located and reconnected on
+loss) run beside the real ones during the SIGKILL drills, spread evenly over
+the broker identities (the victim carries those of the identities it owns);
+``light_recovered_s`` (p50/p99/max) is, for every light client whose connection
+the fault cut, the time from the fault to that client being back. The bench's
+fleet then has no per-source accept limit (the light clients share 20 loopback
+source addresses).
+
 A drain's disruption does not start at the drain command (its RTO, the gap
 around that instant, is often a client's ordinary gap): it starts when the
 nodes apply the new map and close connections, tens of ms later, and again
@@ -25,6 +34,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
+from chaos.bench.light_clients import LightClientProcess, LightEvent, fault_spans, light_recovered_s, recovered_stats
 from chaos.drills.drill import DrillConfig, Target, parse_clients, run_drill
 from chaos.testbed.fleet import LocalFleet
 from chaos.testbed.hosts import LOOPBACK, NETNS
@@ -42,16 +52,35 @@ def _fleet_stats(result: dict[str, Any]) -> dict[str, Any]:
 
 def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, rate: float = 50.0,
         state_dir: str | None = None, out_dir: str | None = None, seed: int | None = None,
-        progress: Callable[[dict[str, Any]], None] | None = None, hosts: str = LOOPBACK) -> dict[str, Any]:
-    """``hosts``: the fleet brought up here, on loopback or on emulated hosts (``netns``)."""
+        light_clients: int = 0, progress: Callable[[dict[str, Any]], None] | None = None,
+        hosts: str = LOOPBACK) -> dict[str, Any]:
+    """``light_clients``: that many light clients (chaos.bench.light_clients) beside the
+    real ones during the SIGKILL drills; reported as ``light_recovered_s``.
+    ``hosts``: the fleet brought up here, on loopback or on emulated hosts (``netns``)."""
+    if light_clients and hosts != LOOPBACK:
+        raise ValueError("light clients run on loopback only (the load generator is not placed on an emulated host)")
+    light_events: list[LightEvent] = []
     with tempfile.TemporaryDirectory(prefix="kproxy-bench-failover-") as tmp:
+        # No per-source accept limit: thousands of light clients reconnect from a few
+        # loopback addresses in the same second (proxy.admission would refuse most).
+        extra = {"limits": {"accepts_per_source_per_s": 0}} if light_clients else None
         fleet = LocalFleet.load(state_dir) if state_dir else LocalFleet.up(Path(tmp) / "fleet", first_ip=51,
-                                                                          hosts=hosts)
+                                                                            extra_config=extra, hosts=hosts)
         out = Path(out_dir) if out_dir else Path(tmp) / "traces"
+        light = None
         try:
+            if light_clients:
+                if progress is not None:
+                    progress({"phase": f"connecting {light_clients} light clients"})
+                light = LightClientProcess(fleet.bootstrap, light_clients, out / "light-events.jsonl")
+                out.mkdir(parents=True, exist_ok=True)
+                light.start()
             kill = run_drill(DrillConfig(fault="kill", out_dir=out / "kill", repeat=drills,
                                          clients=parse_clients(clients), rate=rate, seed=seed),
                              Target.of_fleet(fleet), progress)
+            if light is not None:
+                light_events = light.stop()
+                light = None
             drain = control = None
             if drains:
                 drain = run_drill(DrillConfig(fault="drain", out_dir=out / "drain", repeat=drains,
@@ -61,6 +90,8 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
                                                 clients=parse_clients(clients), rate=rate, seed=seed),
                                     Target.of_fleet(fleet), progress)
         finally:
+            if light is not None:
+                light.stop()
             if not state_dir:
                 fleet.down()
     fleet_kill = _fleet_stats(kill)
@@ -102,6 +133,14 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         result["drain"]["excess_ms"] = excess(drain.get("max_gap_ms") or {}, control.get("max_gap_ms") or {})
     p99s = [v["p99"] for v in result["rto_ms"].values() if v["p99"] is not None]
     result["targets"] = {"kill_rto_p99_ms<=1000": bool(p99s) and max(p99s) <= 1000}
+    if light_clients:
+        recovered, never = light_recovered_s(light_events, fault_spans(kill.get("steps", [])))
+        result["light_clients"] = light_clients
+        result["light_recovered_s"] = recovered_stats(recovered)
+        result["light_reconnects_measured"] = len(recovered)
+        result["light_never_back"] = never
+        top = result["light_recovered_s"]["max"]
+        result["targets"]["light_all_back_within_5s"] = bool(recovered) and never == 0 and top <= 5.0
     if "drain" in result:
         dmax = [v["p99"] for v in result["drain"]["rto_ms"].values() if v["p99"] is not None]
         result["targets"]["drain_rto_p99_ms<=100"] = bool(dmax) and max(dmax) <= 100

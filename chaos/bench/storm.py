@@ -28,6 +28,10 @@ what its RLIMIT_NOFILE allows (proxy.listeners.client_capacity). The bench
 raises its own limit (the brokers and the node inherit it; root may raise the
 hard limit too) and reports the node's limit and how many clients it allows.
 
+Then, unless ``idle_window_s`` is 0, the idle cost: a 5-node fleet on the same
+brokers, no clients, CPU of each node over the window (chaos.bench.idle):
+``idle_cpu_fraction`` (of a core, mean per node), its max and per node.
+
 Kafka's own accept queue (``socket.listen.backlog.size``, default 50) is left
 as Kafka ships it: the direct arm, and the node's upstream connects, meet it.
 """
@@ -47,6 +51,7 @@ import psutil
 import uvloop
 
 from chaos.bench.frames import decode_response
+from chaos.bench.idle import DEFAULT_IDLE_WINDOW_S, IDLE_NODES, measure_idle_cpu
 from chaos.bench.storm_load import (
     CLIENT_DEADLINE_S,
     DEFAULT_SOURCES,
@@ -249,7 +254,10 @@ def _row(clients: int, direct: StormResult, proxied: StormResult, rss_per_connec
 
 def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = None,
         deadline_s: float = CLIENT_DEADLINE_S, sources: int = DEFAULT_SOURCES,
+        idle_window_s: float = DEFAULT_IDLE_WINDOW_S,
         progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """``idle_window_s``: also measure the idle cost of a 5-node fleet on the same
+    brokers over that many seconds (chaos.bench.idle); 0: do not."""
     nofile = raise_nofile(max(NOFILE_WANTED, 2 * max(clients) + 4 * RESERVED_DESCRIPTORS))
     results: dict[str, Any] = {"storm": [], "listen_backlog": DEFAULT_LISTEN_BACKLOG, "somaxconn": somaxconn(),
                                "sources": sources, "accepts_per_source_per_s": DEFAULT_ACCEPTS_PER_SOURCE_PER_S,
@@ -278,12 +286,19 @@ def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = Non
                 results["storm"].append(row)
                 progress(f"{n}: direct {direct.all_served_s} s ({direct.failed} failed), "
                          f"kproxy {proxied.all_served_s} s ({proxied.failed} failed)")
+            if idle_window_s > 0:
+                assert bench.cluster is not None
+                progress(f"idle CPU of a {IDLE_NODES}-node fleet over {idle_window_s:g} s")
+                results.update(measure_idle_cpu(bench.cluster.bootstrap, Path(tmp) / "idle-fleet",
+                                                window_s=idle_window_s).to_json())
         finally:
             bench.stop()
     node_soft = bench.node_nofile[0] if bench.node_nofile else None
     results["nofile"] = {"generator": list(nofile), "proxy_node": list(bench.node_nofile or ()),
                          "proxy_node_max_clients": (node_soft - RESERVED_DESCRIPTORS) // 2 if node_soft else None}
     results["targets"] = _targets(results["storm"])
+    if "idle_cpu_fraction" in results:
+        results["targets"]["idle_cpu_fraction<=0.005"] = results["idle_cpu_fraction"] <= 0.005
     return results
 
 

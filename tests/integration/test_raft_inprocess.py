@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -190,3 +193,68 @@ def test_heartbeat_sees_a_closed_port_at_once_and_silence_after_the_timeout():
     finally:
         a.close()
         b.close()
+
+
+def test_probe_sees_a_closed_port_before_the_next_beat():
+    """Heartbeat.probe: a refusal is recorded at once, whatever the beat interval."""
+    ha, hb_host = "127.0.0.27", "127.0.0.28"
+    pa, pb = free_port(ha), free_port(hb_host)
+    a = Heartbeat("a", (ha, pa), {"b": (hb_host, pb)}, "pw", interval=10.0, suspect_timeout=30.0)
+    b = Heartbeat("b", (hb_host, pb), {"a": (ha, pa)}, "pw", interval=10.0, suspect_timeout=30.0)
+    a.open()
+    b.open()
+    try:
+        b.tick(time.monotonic())
+        wait_until("a hears b", lambda: (a.on_readable(), a.is_live("b", time.monotonic()))[1], timeout=3)
+        assert a.next_expiry(time.monotonic()) > time.monotonic() + 29  # b's last datagram + suspect_timeout
+        b.close()
+        a.probe("b", time.monotonic())
+        wait_until("a sees b refuse", lambda: (a.on_peer_event("b"), not a.is_live("b", time.monotonic()))[1],
+                   timeout=1)
+        assert a.next_expiry(time.monotonic()) == float("inf")  # no live peer left to go stale
+    finally:
+        a.close()
+        b.close()
+
+
+_MEMBER_PROCESS = """
+import json, sys, time
+from membership.config import MemberConfig
+from membership.member import Member
+Member(MemberConfig.from_dict(json.loads(sys.argv[1]))).start()
+print("started", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_killed_member_is_seen_before_the_next_beat():
+    """SIGKILL: its Raft connections reset, the survivors probe its heartbeat port and
+    see it refuse within milliseconds, not at the next beat (every 2 s here) nor after
+    the silence timeout (6 s)."""
+    hosts = {"a": "127.0.0.21", "b": "127.0.0.22", "c": "127.0.0.23"}
+    specs = [MemberSpec(ProxyNode(p, h, 9092), h, free_port(h)) for p, h in hosts.items()]
+    configs = {p: MemberConfig(node_id=p, members=specs, password="in-process-secret", heartbeat_interval=2.0,
+                               suspect_timeout=6.0) for p in hosts}
+    members = {p: Member(configs[p]) for p in ("a", "b")}
+    child = subprocess.Popen([sys.executable, "-c", _MEMBER_PROCESS, json.dumps(configs["c"].to_dict())],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "started"
+        for m in members.values():
+            m.start()
+        c_raft = specs[2].raft_address
+
+        def sees_c(node: str) -> bool:
+            m = members[node]
+            return ("c", True) in {(p, s.live) for p, s in m.status().peers} and c_raft in m.raft_peers_connected()
+
+        wait_until("a and b hear c and hold a Raft link to it", lambda: sees_c("a") and sees_c("b"), timeout=15)
+        child.kill()
+        t0 = time.monotonic()
+        wait_until("a and b see c gone", lambda: not sees_c("a") and not sees_c("b"), timeout=3)
+        assert time.monotonic() - t0 < 0.3
+    finally:
+        child.kill()
+        child.wait(10)
+        for m in members.values():
+            m.stop()

@@ -67,7 +67,7 @@ def pair():
             _destroy(r)
 
 
-def test_role_leader_address_and_keepalive(pair):
+def test_role_leader_address_and_links_kept_open(pair):
     configs, rafts = pair
     wait_until("one leader", lambda: sorted(r.role() for r in rafts.values()) == ["follower", "leader"])
     leader = next(p for p, r in rafts.items() if r.role() == "leader")
@@ -75,14 +75,25 @@ def test_role_leader_address_and_keepalive(pair):
     address = configs[leader].me.raft_address
     wait_until("the follower knows the leader", lambda: rafts[follower].leader_address() == address)
     assert rafts[leader].leader_address() == address
-    assert rafts[leader].send_keepalive() == 1
-    assert rafts[follower].send_keepalive() == 1
-    # An unknown message type is ignored: the group keeps its leader and still commits.
+    follower_address = configs[follower].me.raft_address
+    wait_until("both links up", lambda: rafts[leader].keep_links_open([follower_address]) == 1
+               and rafts[follower].keep_links_open([address]) == 1)
+    assert rafts[leader].keep_links_open(["127.0.0.1:1"]) == 0  # not a peer
+    # The group keeps its leader and still commits.
     done = threading.Event()
     rafts[follower].submit(Drain("x"),
                            lambda _result, _err: done.set())
     assert done.wait(5)
     assert rafts[leader].role() == "leader"
+
+
+def test_link_lost_reports_the_peer_address(pair):
+    configs, rafts = pair
+    lost: list[str] = []
+    rafts["a"].on_link_lost(lost.append)
+    wait_until("a is connected to b", lambda: rafts["a"].keep_links_open([configs["b"].me.raft_address]) == 1)
+    _destroy(rafts["b"])
+    wait_until("a saw the link to b drop", lambda: configs["b"].me.raft_address in lost)
 
 
 def test_hasten_election_moves_the_deadline_earlier_only():

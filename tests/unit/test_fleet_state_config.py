@@ -36,13 +36,12 @@ def test_password_is_required_and_named():
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"raft_min_timeout": 0.15}, "raft_min_timeout"),  # not > 3 * 0.05
+        ({"raft_min_timeout": 0.25, "append_entries_period": 0.085}, "raft_min_timeout"),  # not > 3 * 0.085
         ({"raft_max_timeout": 0.3}, "raft_max_timeout"),  # not > min 0.3
         ({"connection_timeout": 0.5}, "connection_timeout"),  # < max 0.6
-        ({"autotick_period": 0.06}, "autotick_period"),  # > append period 0.05
-        ({"leader_fallback_timeout": 0.1}, "leader_fallback_timeout"),  # not > 0.1
-        ({"heartbeat_interval": 0.04}, "heartbeat_interval"),  # < autotick 0.05
-        ({"suspect_timeout": 0.25}, "suspect_timeout"),  # < 3 * 0.1
+        ({"leader_fallback_timeout": 0.17}, "leader_fallback_timeout"),  # not > 2 * 0.085
+        ({"heartbeat_interval": 0.2}, "heartbeat_interval"),  # < autotick 0.25
+        ({"suspect_timeout": 0.7}, "suspect_timeout"),  # < 3 * 0.25
         ({"quorum_lease": 1.0}, "quorum_lease"),  # < 2 * 0.6
         ({"commit_timeout": 0.5}, "commit_timeout"),  # not > 0.6
         ({"rebalance_delay": -1}, "rebalance_delay"),
@@ -146,3 +145,11 @@ def test_syncobj_conf_is_what_the_design_asks_of_pysyncobj():
     assert conf.connectionTimeout == config.connection_timeout <= 1.0
     assert conf.connectionRetryTime == config.connection_retry_time <= 0.25
     assert conf.leaderFallbackTimeout == config.leader_fallback_timeout <= 1.0
+
+
+def test_append_entries_period_follows_the_election_timeout():
+    """By default the leader's Raft heartbeat is raft_min_timeout / 3.5 (pysyncobj needs < 1/3)."""
+    assert make().append_entries_period == pytest.approx(0.3 / 3.5, abs=1e-4)
+    slow = make(raft_min_timeout=0.7, raft_max_timeout=1.4, quorum_lease=2.8, connection_timeout=1.4)
+    assert slow.append_entries_period == 0.2
+    assert make(append_entries_period=0.05).append_entries_period == 0.05

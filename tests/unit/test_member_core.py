@@ -6,7 +6,7 @@ import pytest
 
 from membership.commands import Join, MarkUp, Result
 from membership.config import MemberConfig, MemberSpec
-from membership.control import HastenElection, MemberCore, RaftView, SendKeepalives, SubmitJoin, SubmitPlan
+from membership.control import HastenElection, MemberCore, KeepLinksOpen, RaftView, SubmitJoin, SubmitPlan
 from membership.state import FleetState
 from topology import ProxyNode
 
@@ -62,8 +62,9 @@ def test_election_hastened_in_id_order_and_keepalives_scheduled():
     assert of(HastenElection, b.tick(0.0, frozenset("bc"), True, view)) == [HastenElection(0.0)]
     assert of(HastenElection, c.tick(0.0, frozenset("bc"), True, view)) == [HastenElection(0.1)]
     assert of(HastenElection, b.tick(0.1, frozenset("abc"), True, view)) == []
-    assert len(of(SendKeepalives, b.tick(0.26, frozenset("abc"), True, view))) == 1  # connection_timeout / 4
-    assert of(SendKeepalives, b.tick(0.3, frozenset("abc"), True, view)) == []
+    assert of(KeepLinksOpen, b.tick(0.26, frozenset("abc"), True, view)) == [KeepLinksOpen(frozenset("ac"))]
+    assert of(KeepLinksOpen, b.tick(0.3, frozenset("abc"), True, view)) == []  # every connection_timeout / 4
+    assert of(KeepLinksOpen, b.tick(0.52, frozenset("ab"), True, view)) == [KeepLinksOpen(frozenset("a"))]
 
 
 def test_degraded_map_keeps_the_last_committed_vacant_set():

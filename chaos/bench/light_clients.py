@@ -1,0 +1,269 @@
+"""Light clients beside a failover drill: how long N clients take to come back after a fault.
+
+``kproxy bench failover --light-clients N`` runs this module as a process of its
+own (its own event loop and descriptor limit) beside the drill's real clients.
+Each of the N light clients (asyncio, raw sockets, like chaos.bench.storm_load)
+does what a Kafka client does on a lost connection, and nothing else:
+
+1. bootstrap through the fleet (one node after the other): Metadata (no topic)
+   gives the brokers and the address advertised for each;
+2. connect to the address of its broker identity (client ``i`` takes the
+   ``i % M``-th of the M identities, so the clients spread evenly over the
+   identities and a node carries the clients of the identities it owns) and
+   send ApiVersions: answered = **back**;
+3. hold the connection until it is lost (**lost**), then start again at 1,
+   with a Java-like reconnect backoff (50 ms doubling to 1 s, jittered).
+
+Events go to a JSON-lines file (``{"client", "event": "lost"|"back", "ts_ns"}``,
+wall clock, the drill traces' clock); the process prints ``ready`` once every
+client is back for the first time and runs until SIGTERM.
+:func:`light_recovered_s` turns the events and the drill's faults into, per
+client that lost its connection in a fault's window, the time from the fault
+to that client being back.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import attrs
+from kio.schema.api_versions.v3.request import ApiVersionsRequest
+from kio.schema.api_versions.v3.response import ApiVersionsResponse
+from kio.schema.metadata.v12.request import MetadataRequest
+from kio.schema.metadata.v12.response import MetadataResponse
+
+from chaos.bench.frames import decode_response, make, request_frame
+from chaos.measures import percentile
+
+_LEN = struct.Struct(">i")
+CLIENT_ID = "kproxy-light"
+REQUEST_TIMEOUT_S = 5.0
+BACKOFF_FIRST_S = 0.05
+BACKOFF_MAX_S = 1.0
+
+
+@attrs.frozen
+class LightEvent:
+    client: int
+    event: str  # "lost" or "back"
+    ts_ns: int
+
+
+@attrs.frozen
+class FaultSpan:
+    """One fault: its instant and the end of its window (the victim back, or the next fault)."""
+
+    fault_ts_ns: int
+    end_ts_ns: int | None
+
+
+def light_recovered_s(events: Iterable[LightEvent], faults: Sequence[FaultSpan]) -> tuple[list[float], int]:
+    """Per fault, per client whose connection was lost in the fault's window
+    [fault, end): seconds from the fault to the client's first "back" after that
+    loss. Returns (those times, how many such clients never came back)."""
+    by_client: dict[int, list[LightEvent]] = {}
+    for e in sorted(events, key=lambda e: e.ts_ns):
+        by_client.setdefault(e.client, []).append(e)
+    recovered: list[float] = []
+    never = 0
+    for fault in faults:
+        for history in by_client.values():
+            lost = next((e for e in history if e.event == "lost" and e.ts_ns >= fault.fault_ts_ns
+                         and (fault.end_ts_ns is None or e.ts_ns < fault.end_ts_ns)), None)
+            if lost is None:
+                continue
+            back = next((e for e in history if e.event == "back" and e.ts_ns >= lost.ts_ns), None)
+            if back is None:
+                never += 1
+            else:
+                recovered.append((back.ts_ns - fault.fault_ts_ns) / 1e9)
+    return recovered, never
+
+
+def recovered_stats(recovered: list[float]) -> dict[str, float | None]:
+    """p50 / p99 / max in seconds (chaos.measures' percentile definition)."""
+    if not recovered:
+        return {"p50": None, "p99": None, "max": None}
+    p50, p99 = percentile(recovered, 0.5), percentile(recovered, 0.99)
+    assert p50 is not None and p99 is not None
+    return {"p50": round(p50, 3), "p99": round(p99, 3), "max": round(max(recovered), 3)}
+
+
+def fault_spans(steps: Sequence[dict[str, Any]]) -> list[FaultSpan]:
+    """The drill result's steps (``fault_ts_ns``, ``back_ts_ns``) as fault windows."""
+    ordered = sorted((s for s in steps if s.get("fault_ts_ns")), key=lambda s: s["fault_ts_ns"])
+    spans = []
+    for i, step in enumerate(ordered):
+        nxt = ordered[i + 1]["fault_ts_ns"] if i + 1 < len(ordered) else None
+        end = step.get("back_ts_ns") or nxt
+        spans.append(FaultSpan(step["fault_ts_ns"], end))
+    return spans
+
+
+def read_events(path: Path) -> list[LightEvent]:
+    if not path.exists():
+        return []
+    return [LightEvent(**json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------------- the process
+
+
+async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, frame: bytes,
+                   body_type: type) -> Any:
+    writer.write(frame)
+    async with asyncio.timeout(REQUEST_TIMEOUT_S):
+        (size,) = _LEN.unpack(await reader.readexactly(4))
+        _, body = decode_response(body_type, await reader.readexactly(size), framed=False)
+    return body
+
+
+class LightClients:
+    """The N clients of one process (see the module doc)."""
+
+    def __init__(self, bootstrap: Sequence[tuple[str, int]], clients: int, sources: Sequence[str],
+                 out: IO[str]) -> None:
+        self.bootstrap = list(bootstrap)
+        self.clients = clients
+        self.sources = sources
+        self.out = out
+        self.metadata = request_frame(make(MetadataRequest, topics=(), allow_auto_topic_creation=False), 1,
+                                      CLIENT_ID)
+        self.api_versions = request_frame(make(ApiVersionsRequest, client_software_name=CLIENT_ID,
+                                               client_software_version="1"), 2, CLIENT_ID)
+        self.first_back = 0
+        self.all_back = asyncio.Event()
+
+    def record(self, client: int, event: str) -> None:
+        self.out.write(json.dumps({"client": client, "event": event, "ts_ns": time.time_ns()}) + "\n")
+
+    async def _open(self, client: int, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        async with asyncio.timeout(REQUEST_TIMEOUT_S):
+            return await asyncio.open_connection(host, port, local_addr=(self.sources[client % len(self.sources)], 0))
+
+    async def _locate(self, client: int, attempt: int) -> tuple[str, int]:
+        """The address the fleet advertises now for this client's broker identity."""
+        host, port = self.bootstrap[(client + attempt) % len(self.bootstrap)]
+        reader, writer = await self._open(client, host, port)
+        try:
+            body = await _request(reader, writer, self.metadata, MetadataResponse)
+        finally:
+            writer.transport.abort()
+        brokers = sorted((b.node_id, b.host, b.port) for b in body.brokers)
+        if not brokers:
+            raise ValueError("Metadata without brokers")
+        _, bhost, bport = brokers[client % len(brokers)]
+        return bhost, int(bport)
+
+    async def client(self, client: int) -> None:
+        attempt, backoff = 0, BACKOFF_FIRST_S
+        first = True
+        while True:
+            writer = None
+            try:
+                host, port = await self._locate(client, attempt)
+                reader, writer = await self._open(client, host, port)
+                await _request(reader, writer, self.api_versions, ApiVersionsResponse)
+                self.record(client, "back")
+                backoff = BACKOFF_FIRST_S
+                if first:
+                    first = False
+                    self.first_back += 1
+                    if self.first_back == self.clients:
+                        self.all_back.set()
+                await reader.read(1)  # the broker never sends unasked: this returns when the connection is lost
+                self.record(client, "lost")
+            except (OSError, EOFError, ValueError, TimeoutError) as exc:
+                if writer is not None and isinstance(exc, (EOFError, OSError)) and not first:
+                    self.record(client, "lost")
+                attempt += 1
+                await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
+                backoff = min(2 * backoff, BACKOFF_MAX_S)
+            finally:
+                if writer is not None:
+                    writer.transport.abort()
+
+
+async def _main(args: argparse.Namespace) -> None:
+    from chaos.bench.storm_load import source_addresses
+
+    bootstrap = [(h, int(p)) for h, p in (a.rsplit(":", 1) for a in args.bootstrap.split(","))]
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    with open(args.out, "a", buffering=1 << 16) as out:
+        run = LightClients(bootstrap, args.clients, source_addresses(args.sources), out)
+        tasks = [asyncio.ensure_future(run.client(i)) for i in range(args.clients)]
+        ready = asyncio.ensure_future(run.all_back.wait())
+        await asyncio.wait([ready, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
+        if ready.done():
+            print("ready", flush=True)
+            await stop.wait()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bootstrap", required=True, help="host:port,... of the fleet's bootstrap")
+    parser.add_argument("--clients", type=int, required=True)
+    parser.add_argument("--sources", type=int, default=20, help="loopback source addresses, 127.0.0.100 on")
+    parser.add_argument("--out", required=True, help="JSON-lines events file")
+    args = parser.parse_args(argv)
+    from chaos.bench.storm import raise_nofile
+    import uvloop
+
+    raise_nofile(2 * args.clients + 1024)
+    uvloop.run(_main(args))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
+
+
+# ---------------------------------------------------------------------- the bench's side
+
+
+class LightClientProcess:
+    """``python -m chaos.bench.light_clients`` beside a drill: start, wait ready, stop, read."""
+
+    def __init__(self, bootstrap: Sequence[str], clients: int, events: Path, *, sources: int = 20,
+                 python: str = sys.executable) -> None:
+        self.events = events
+        self.cmd = [python, "-m", "chaos.bench.light_clients", "--bootstrap", ",".join(bootstrap),
+                    "--clients", str(clients), "--sources", str(sources), "--out", str(events)]
+        self.proc: subprocess.Popen[str] | None = None
+
+    def start(self, timeout_s: float = 120.0) -> None:
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        ready: list[str] = []
+        reader = threading.Thread(target=lambda: ready.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(timeout_s)
+        if not ready or ready[0].strip() != "ready":
+            self.stop()
+            raise RuntimeError(f"the light clients were not all connected within {timeout_s:.0f} s")
+
+    def stop(self, timeout_s: float = 30.0) -> list[LightEvent]:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        return read_events(self.events)

@@ -1,0 +1,135 @@
+"""light_recovered_s: from the drill's faults and the light clients' events to recovery times."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import struct
+import time
+
+import pytest
+import uvloop
+from kio.schema.api_versions.v3.response import ApiVersionsResponse
+from kio.schema.metadata.v12.response import MetadataResponse
+
+from chaos.bench.frames import make, metadata_response, response_frame
+from chaos.bench.light_clients import (
+    FaultSpan,
+    LightClients,
+    LightEvent,
+    fault_spans,
+    light_recovered_s,
+    recovered_stats,
+)
+from chaos.bench.storm_load import source_addresses
+
+pytestmark = pytest.mark.unit
+
+S = 1_000_000_000  # ns per second
+_LEN = struct.Struct(">i")
+
+
+def ev(client: int, event: str, t_s: float) -> LightEvent:
+    return LightEvent(client, event, int(t_s * S))
+
+
+def test_each_cut_client_counts_from_the_fault_to_its_first_answer_after_the_loss():
+    events = [
+        ev(0, "back", 1.0), ev(1, "back", 1.0), ev(2, "back", 1.0), ev(3, "back", 1.0),
+        # fault 1 at t=10 s, the victim back at t=20 s
+        ev(0, "lost", 10.01), ev(0, "lost", 10.2), ev(0, "back", 10.4),  # a failed reconnect: still one client
+        ev(1, "lost", 10.05), ev(1, "back", 11.5),
+        # client 2 was not on the victim: never lost, not counted
+        ev(3, "lost", 12.0), ev(3, "back", 13.0),
+        # identities moving back after the victim's restart: outside the window
+        ev(2, "lost", 20.5), ev(2, "back", 20.7),
+        # fault 2 at t=30 s, no end known: client 1 never came back
+        ev(1, "lost", 30.02),
+        ev(0, "lost", 29.0), ev(0, "back", 29.5),  # before the fault: not this fault's
+    ]
+    recovered, never = light_recovered_s(events, [FaultSpan(10 * S, 20 * S), FaultSpan(30 * S, None)])
+    assert sorted(recovered) == pytest.approx([0.4, 1.5, 3.0])
+    assert never == 1
+
+
+def test_fault_spans_end_at_the_victim_back_or_the_next_fault():
+    steps = [{"fault_ts_ns": 30, "back_ts_ns": None}, {"fault_ts_ns": 10, "back_ts_ns": 20},
+             {"fault": "kill", "fault_ts_ns": None}]
+    assert fault_spans(steps) == [FaultSpan(10, 20), FaultSpan(30, None)]
+    assert fault_spans([{"fault_ts_ns": 10, "back_ts_ns": None}, {"fault_ts_ns": 40}]) == [
+        FaultSpan(10, 40), FaultSpan(40, None)]
+
+
+def test_recovered_stats_in_seconds():
+    assert recovered_stats([]) == {"p50": None, "p99": None, "max": None}
+    values = [0.1 * i for i in range(1, 101)]  # 0.1 ... 10.0
+    stats = recovered_stats(values)
+    assert stats["p50"] == pytest.approx(5.05)
+    assert stats["p99"] == pytest.approx(9.901)
+    assert stats["max"] == pytest.approx(10.0)
+
+
+class FakeFleet:
+    """One endpoint that is both bootstrap and broker 1: Metadata names itself (port
+    ``advertised``) as broker 1; ApiVersions answered; ``cut()`` closes every open connection."""
+
+    def __init__(self) -> None:
+        self.port = 0
+        self.writers: set[asyncio.StreamWriter] = set()
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.writers.add(writer)
+        try:
+            while True:
+                (size,) = _LEN.unpack(await reader.readexactly(4))
+                payload = await reader.readexactly(size)
+                api_key, _, correlation_id = struct.unpack_from(">hhi", payload)
+                if api_key == 3:
+                    body = metadata_response(MetadataResponse, [(1, "127.0.0.1", self.port, None)], 0, 0)
+                else:
+                    body = make(ApiVersionsResponse)
+                writer.write(response_frame(body, correlation_id))
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            self.writers.discard(writer)
+            writer.close()
+
+    def cut(self) -> None:
+        for w in list(self.writers):
+            w.transport.abort()
+
+
+def test_light_clients_come_back_after_their_connections_are_cut():
+    fake, clients = FakeFleet(), 20
+
+    async def scenario() -> tuple[list[LightEvent], int]:
+        server = await asyncio.start_server(fake.handle, "127.0.0.1", 0)
+        fake.port = server.sockets[0].getsockname()[1]
+        out = io.StringIO()
+        run = LightClients([("127.0.0.1", fake.port)], clients, source_addresses(3), out)
+        tasks = [asyncio.ensure_future(run.client(i)) for i in range(clients)]
+        try:
+            await asyncio.wait_for(run.all_back.wait(), 10)
+            cut_at = time.time_ns()
+            fake.cut()
+
+            def backs_after_cut() -> int:
+                events = [LightEvent(**json.loads(x)) for x in out.getvalue().splitlines()]
+                return len({e.client for e in events if e.event == "back" and e.ts_ns > cut_at})
+
+            deadline = time.monotonic() + 10
+            while backs_after_cut() < clients and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            server.close()
+        return [LightEvent(**json.loads(x)) for x in out.getvalue().splitlines()], cut_at
+
+    events, cut_at = uvloop.run(scenario())
+    recovered, never = light_recovered_s(events, [FaultSpan(cut_at, None)])
+    assert (len(recovered), never) == (clients, 0)
+    assert max(recovered) < 5.0

@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from proxy.admin_client import AdminError, ClusterAdmin
+from cli.exit_codes import EXIT_UNHEALTHY, EXIT_USAGE, fail
+from proxy.admin_client import AdminError, AdminRefused, ClusterAdmin
 from proxy.status import FleetView
 
 if TYPE_CHECKING:  # the local launcher needs the [chaos] extra: imported where a command uses it
@@ -22,9 +23,9 @@ state_dir_option = click.option("--state-dir", required=True, type=click.Path(fi
 console = Console()
 
 
-def _fail(exc: Exception, code: int = 1) -> None:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(code)
+def _fail(exc: Exception, code: int | None = None) -> NoReturn:
+    """Exit 2 when the request itself was wrong (unknown node, token refused), else 1."""
+    fail(exc, code if code is not None else EXIT_USAGE if isinstance(exc, AdminRefused) else EXIT_UNHEALTHY)
 
 
 def _load(state_dir: str) -> "LocalFleet":
@@ -33,8 +34,7 @@ def _load(state_dir: str) -> "LocalFleet":
     try:
         return LocalFleet.load(state_dir)
     except AdminError as exc:
-        _fail(exc, 2)
-        raise  # unreachable
+        _fail(exc, EXIT_USAGE)
 
 
 def fleet_target(func: Any) -> Any:
@@ -56,8 +56,7 @@ def _target(state_dir: str | None, admin_url: str | None, token_env: str) -> Clu
     try:
         return ClusterAdmin.discover(admin_url or "", os.environ.get(token_env) or None)
     except AdminError as exc:
-        _fail(exc, 2)
-        raise  # unreachable
+        _fail(exc, EXIT_USAGE)
 
 
 # ------------------------------------------------------------------ fleet

@@ -37,6 +37,7 @@ from proxy.discovery import BrokerDiscovery
 from proxy.drain import CloseListeners, DrainAt, DrainConnections, NodeDrain, Rebind
 from proxy.errors import ProtocolError, RewriteError, UnknownBroker
 from proxy.listeners import Listeners, client_capacity
+from proxy.logs import describe_error
 from proxy.metrics import ProxyMetrics
 from proxy.registry import ConnectionRegistry
 from proxy.rewrite import BrokerAddress, ResponseRewriter
@@ -220,7 +221,7 @@ class DataPath:
                     transport, _ = await loop.create_connection(lambda: UpstreamSide(pair), address.host,
                                                                 address.port, local_addr=self._source)
             except (OSError, TimeoutError) as exc:
-                errors.append(f"{address}: {exc!r}")
+                errors.append(f"{address}: {describe_error(exc)}")
                 continue
             if pair.closed:
                 transport.close()

@@ -153,3 +153,26 @@ def test_trace_without_faults_reports_no_rto_and_still_draws(spark_session, tmp_
     assert [(r["run_id"], r["faults"]) for r in report["runs"]] == [("d1", 0)]
     for path in report["plots"].values():
         assert Path(path).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_cli_reports_every_run_of_a_drill_out_directory(spark_session, tmp_path):  # type: ignore[no-untyped-def]
+    """`kproxy drill run --out X` then `kproxy report X`: the traces are one level down,
+    <run_id>/trace/*.jsonl, beside each run's logs; a row per run and the totals."""
+    out = tmp_path / "drills"
+    small_drill().write_jsonl(out / "kill-1-111" / "trace")
+    clean = small_drill(clean=True)
+    for event in clean.events:
+        event["run_id"] = "d2"
+    clean.write_jsonl(out / "kill-2-222" / "trace")
+    (out / "kill-1-111" / "logs").mkdir()
+    (out / "kill-1-111" / "logs" / "p1.log").write_text("a node's log, not a trace\n")
+    result = invoke(str(out), "--json")
+    assert result.exit_code == 1, result.output  # run d1 lost and duplicated a record
+    report = json.loads(result.stdout)
+    assert report["files"] == 6 and report["events"] == 2 * 107  # clean: k3 read once more, k5 once less
+    assert [(r["run_id"], r["faults"], r["fault_types"], r["clients"], r["rto_max_ms"], r["lost"], r["duplicated"])
+            for r in report["runs"]] == [("d1", 1, "kill", 2, 700.0, 1, 1), ("d2", 1, "kill", 2, 700.0, 0, 0)]
+    summary = (out / "report" / "summary.txt").read_text()
+    assert "Runs" in summary and "total (2 runs)" in summary
+    total = next(line for line in summary.splitlines() if "total (2 runs)" in line)
+    assert [cell for cell in total.split() if cell != "│"][-3:] == ["700.0", "1", "1"]

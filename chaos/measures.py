@@ -333,3 +333,51 @@ def record_outcomes(events: Iterable[dict[str, Any]]) -> Records:
 def _record_order(rec: tuple[Any, ...]) -> tuple[Any, ...]:
     run_id, topic, key, seq = rec
     return (run_id, _nulls_first(topic), _nulls_first(key), (seq is not None, seq or 0))
+
+
+# ------------------------------------------------------------ per family
+@attrs.frozen
+class FamilyOutcome:
+    """One client family over a trace: its clients' RTOs (every fault) and the records it lost
+    (acked by one of its producers, read by no group) or duplicated (read twice by a group whose
+    consumers are of this family)."""
+
+    family: str
+    clients: int
+    rto_p50_ms: float | None
+    rto_p99_ms: float | None
+    rto_max_ms: float | None
+    lost: int
+    duplicated: int
+
+
+def family_outcomes(events: list[dict[str, Any]]) -> list[FamilyOutcome]:
+    """A row per client family (sorted by name), from the trace alone."""
+    rto = rto_per_client(events, fault_windows(events))
+    records = record_outcomes(events)
+    acked_by: dict[tuple[Any, ...], str] = {}
+    reader_family: dict[tuple[str, str], str] = {}
+    clients: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for e in events:
+        if e["source"] != CLIENT or e["client_id"] is None:
+            continue
+        family = e["family"] or UNKNOWN
+        clients[family].add((e["run_id"], e["client_id"]))
+        if e["event"] == ACK:
+            acked_by[(e["run_id"], e["topic"], e["key"], e["seq"])] = family
+        elif e["event"] == CONSUME:
+            reader = e["group"] if e["group"] is not None else NO_GROUP_READER + str(e["client_id"])
+            reader_family[(e["run_id"], reader)] = family
+    lost: dict[str, int] = defaultdict(int)
+    for rec in records.lost:
+        lost[acked_by.get(rec, UNKNOWN)] += 1
+    duplicated: dict[str, int] = defaultdict(int)
+    for rec, group, _ in records.duplicated:
+        duplicated[reader_family.get((rec[0], group), UNKNOWN)] += 1
+    out = []
+    for family in sorted(set(clients) | set(lost) | set(duplicated)):
+        values = [r.rto_ms for r in rto if r.family == family]
+        p = _percentiles(values) if values else {}
+        out.append(FamilyOutcome(family, len(clients[family]), p.get("p50"), p.get("p99"),
+                                 max(values) if values else None, lost[family], duplicated[family]))
+    return out

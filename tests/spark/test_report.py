@@ -176,3 +176,24 @@ def test_cli_reports_every_run_of_a_drill_out_directory(spark_session, tmp_path)
     assert "Runs" in summary and "total (2 runs)" in summary
     total = next(line for line in summary.splitlines() if "total (2 runs)" in line)
     assert [cell for cell in total.split() if cell != "│"][-3:] == ["700.0", "1", "1"]
+
+
+def test_demo_final_screen_reports_and_tables_each_family(spark_session, tmp_path):  # type: ignore[no-untyped-def]
+    """The end of `make demo` (`kproxy demo --replay OUT`, on the hand-made drill): `kproxy report`
+    over the drill's --out, where the plots are, then a row per client family in whole ms."""
+    out = tmp_path / "demo" / "trace"
+    small_drill().write_jsonl(out / "kill-1-111" / "trace")
+    result = CliRunner().invoke(cli, ["demo", "--replay", str(out)], catch_exceptions=False,
+                                env={"COLUMNS": "100"})
+    assert result.exit_code == 1, result.output  # k3 lost, k5 duplicated
+    text = result.output
+    assert f"kproxy report {out}" in text
+    assert f"report: {out.resolve() / 'report'}/report.json" in text
+    for name in ("throughput.png", "rto_cdf.png", "failover_breakdown.png"):
+        assert str(out.resolve() / "report" / name) in text
+    rows = {cells[0]: cells[1:] for cells in (
+        [c for c in line.replace("│", " ").split()] for line in text.splitlines()) if cells and cells[0] in (
+        "aiokafka", "java")}
+    # family: clients, RTO p50/p99/max (whole ms), lost, duplicated
+    assert rows == {"aiokafka": ["1", "700", "700", "700", "1", "0"], "java": ["1", "700", "700", "700", "0", "1"]}
+    assert text.rstrip().splitlines()[-1] == "records lost or duplicated (see the report)"

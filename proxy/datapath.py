@@ -36,6 +36,7 @@ from proxy.connection import Pair, UpstreamSide
 from proxy.discovery import BrokerDiscovery
 from proxy.drain import CloseListeners, DrainAt, DrainConnections, NodeDrain, Rebind
 from proxy.errors import ProtocolError, RewriteError, UnknownBroker
+from proxy.fleet_metrics import FleetCollector, FleetSample
 from proxy.listeners import Listeners, client_capacity
 from proxy.logs import describe_error
 from proxy.metrics import ProxyMetrics
@@ -101,6 +102,7 @@ class DataPath:
         # Upstream connections leave from this node's own address (like a separate host).
         self._source = (self.node.host, 0)
         self.started_at = time.time()
+        self.metrics.registry.register(FleetCollector(node_id, self._fleet_sample))
 
     # ----------------------------------------------------------- lifecycle
     async def start(self, discovery_timeout: float = 60.0) -> None:
@@ -113,6 +115,9 @@ class DataPath:
     async def stop(self) -> None:
         self.listeners.close_all()
         await self.registry.stop()
+
+    def _fleet_sample(self) -> FleetSample:  # scrape thread: immutable map, copied ids
+        return FleetSample(self.serving, tuple(self.brokers), tuple(self.unbound), self.draining)
 
     @property
     def brokers(self) -> dict[int, UpstreamBroker]:

@@ -54,6 +54,9 @@ def test_a_second_run_of_a_node_is_refused_naming_the_first_and_sigterm_logs_its
         assert f"pid {node.pid}" in line and str(node_config) in line
         assert "proxy node serving" not in second.stderr and "listener bound" not in second.stderr
         assert node.get("/readyz").status_code == 200  # the first one never noticed
+        metrics = node.get("/metrics").text  # the fleet gauges deploy/prometheus's alerts watch
+        assert 'kproxy_fleet_member_up{member="p1",node="p1"} 1.0' in metrics
+        assert 'kproxy_identities_unbound{node="p1"} 0.0' in metrics
     finally:
         node.stop()
     log = node.log_path.read_text()

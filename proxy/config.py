@@ -5,7 +5,9 @@ node needs only ``[upstream]`` and one ``[[nodes]]`` entry; the ``[fleet]``
 section (Raft) is optional. Every error names the offending field; a key this
 reference does not list is an error suggesting the closest known name, and a
 secret written in the file (``admin.token``, ``fleet.password``) is refused:
-secrets come from the environment variables the ``*_env`` keys name::
+secrets come from the environment variables the ``*_env`` keys name. The
+operator's reference of every field is README.md's "Field reference" (a unit
+test keeps it complete)::
 
     [upstream]
     bootstrap = ["127.0.0.1:19092"]     # required, host:port list

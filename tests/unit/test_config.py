@@ -156,3 +156,20 @@ def test_run_with_an_unknown_key_exits_2_suggesting_the_name(tmp_path):
     result = CliRunner().invoke(cli, ["run", "--config", str(path), "--node", "p1"])
     assert result.exit_code == 2
     assert "admin.token-env" in result.output and "did you mean 'token_env'?" in result.output
+
+
+def test_readme_field_reference_lists_every_key():
+    """The README's field reference is the operator's; a key the parser accepts is listed there."""
+    from pathlib import Path
+
+    from proxy.config import INLINE_SECRETS, SECTION_KEYS
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    reference = readme[readme.index("### Field reference"):readme.index("### Deploy by hand")]
+    missing = []
+    for section, keys in SECTION_KEYS.items():
+        for key in sorted(keys):
+            field = f"nodes[].{key}" if section == "nodes" else f"{section}.{key}"
+            if f"{section}.{key}" not in INLINE_SECRETS and f"`{field}`" not in reference:
+                missing.append(field)
+    assert missing == []

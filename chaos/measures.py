@@ -255,6 +255,7 @@ class Failover:
     window: FaultWindow
     node_down_ns: int | None
     committed_ns: int | None
+    clients_back_ns: int | None = None  # the latest first success after the fault of its recovered clients
 
     @property
     def detect_ms(self) -> float | None:
@@ -271,8 +272,23 @@ class Failover:
     def failover_ms(self) -> float | None:
         return None if self.committed_ns is None else _ms(self.committed_ns - self.window.fault_ts_ns)
 
+    @property
+    def back_ms(self) -> float | None:
+        """The commit (else node_down, else the fault) -> the clients back; 0 when they were back
+        first (librdkafka moves by itself; a planned move), None when no client recovered."""
+        if self.clients_back_ns is None:
+            return None
+        anchor = next(t for t in (self.committed_ns, self.node_down_ns, self.window.fault_ts_ns) if t is not None)
+        return max(0.0, _ms(self.clients_back_ns - anchor))
 
-def failover(events: list[dict[str, Any]], windows: list[FaultWindow]) -> list[Failover]:
+
+def failover(events: list[dict[str, Any]], windows: list[FaultWindow],
+             rto: list[ClientRto] | None = None) -> list[Failover]:
+    """One row per fault; with ``rto`` (its clients' rows) also when the clients were back."""
+    back: dict[tuple[str, int], int] = {}
+    for r in rto or ():
+        if r.recovered:
+            back[(r.run_id, r.fault_idx)] = max(back.get((r.run_id, r.fault_idx), r.gap_end_ns), r.gap_end_ns)
     marks: dict[str, dict[str, list[int]]] = defaultdict(lambda: {NODE_DOWN: [], COMMITTED: []})
     for e in events:
         if e["source"] == FLEET and e["event"] in (NODE_DOWN, COMMITTED):
@@ -285,7 +301,7 @@ def failover(events: list[dict[str, Any]], windows: list[FaultWindow]) -> list[F
         # The first commit after the fault, even one before node_down: a planned move
         # publishes the new map first and only then stops the node (DESIGN §4).
         commits = [t for t in m[COMMITTED] if w.fault_ts_ns <= t <= w.window_end_ns]
-        out.append(Failover(w, down, min(commits) if commits else None))
+        out.append(Failover(w, down, min(commits) if commits else None, back.get((w.run_id, w.fault_idx))))
     return out
 
 

@@ -82,7 +82,7 @@ def transform_all(events: DataFrame, *, cache: bool = True) -> Tables:
     run_table = keep(transform.runs(events))
     faults = keep(transform.fault_windows(events, run_table))
     rto = keep(transform.rto_per_client(events, faults))
-    failover = keep(transform.failover(events, faults))
+    failover = keep(transform.with_clients_back(transform.failover(events, faults), rto))
     problems = keep(transform.record_problems(transform.record_outcomes(events)))
     lost, duplicated = transform.lost(problems), transform.duplicated(problems)
     return Tables(

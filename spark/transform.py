@@ -260,6 +260,19 @@ def failover(events: DataFrame, faults: DataFrame) -> DataFrame:
     )
 
 
+def with_clients_back(failover_table: DataFrame, rto: DataFrame) -> DataFrame:
+    """The last phase of the breakdown (fault -> detected -> committed -> clients back): adds
+    clients_back_ns (the latest first success after the fault among the fault's recovered
+    clients) and back_ms (from the commit, else node_down, else the fault, to clients_back_ns;
+    0 when the clients were back first, null when none recovered). See chaos.measures.Failover."""
+    back = (rto.filter(F.col("recovered")).groupBy("run_id", "fault_idx")
+            .agg(F.max("gap_end_ns").alias("clients_back_ns")))
+    anchor = F.coalesce("committed_ns", "node_down_ns", "fault_ts_ns")
+    return failover_table.join(back, ["run_id", "fault_idx"], "left").withColumn(
+        "back_ms", F.when(F.col("clients_back_ns").isNotNull(),
+                          F.greatest(_ms(F.col("clients_back_ns") - anchor), F.lit(0.0))))
+
+
 def failover_stats(failover_table: DataFrame) -> DataFrame:
     """Per fault type: faults, and p50/p99/max of detect_ms, commit_ms,
     failover_ms (over the faults where they exist: ``detected``, ``committed``)."""

@@ -54,6 +54,8 @@ def test_report_figures(report, unhealthy_trace):  # type: ignore[no-untyped-def
     assert report["detect_ms"]["kill"] == {"p50": 150.0, "p99": 150.0, "max": 150.0, "n": 1, "faults": 1}
     assert report["commit_ms"]["kill"] == {"p50": 30.0, "p99": 30.0, "max": 30.0, "n": 1, "faults": 1}
     assert report["failover_ms"]["kill"]["max"] == 180.0
+    # clients back: p1's first ack after the fault at 2600, c1's first read at 2650; commit at 2180
+    assert [(f["clients_back_ns"], f["back_ms"]) for f in report["faults"]] == [(ns(2650), 470.0)]
     assert report["lost"] == {
         "count": 1,
         "keys": ["k3"],
@@ -197,3 +199,13 @@ def test_demo_final_screen_reports_and_tables_each_family(spark_session, tmp_pat
     # family: clients, RTO p50/p99/max (whole ms), lost, duplicated
     assert rows == {"aiokafka": ["1", "700", "700", "700", "1", "0"], "java": ["1", "700", "700", "700", "0", "1"]}
     assert text.rstrip().splitlines()[-1] == "records lost or duplicated (see the report)"
+
+
+def test_breakdown_plot_stacks_detected_committed_and_clients_back():
+    import pandas as pd
+
+    from spark import plots
+
+    fault = {"run_id": "d1", "fault_idx": 0, "fault": "kill", "detect_ms": 150.0, "commit_ms": 30.0, "back_ms": 470.0}
+    ax = plots.failover_breakdown(pd.DataFrame([fault])).axes[0]
+    assert [(p.get_x(), p.get_width()) for p in ax.patches] == [(0.0, 150.0), (150.0, 30.0), (180.0, 470.0)]

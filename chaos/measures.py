@@ -265,6 +265,7 @@ class Failover:
     window: FaultWindow
     node_down_ns: int | None
     committed_ns: int | None
+    clients_back_ns: int | None = None  # the latest first success after the fault of its recovered clients
 
     @property
     def detect_ms(self) -> float | None:
@@ -281,8 +282,23 @@ class Failover:
     def failover_ms(self) -> float | None:
         return None if self.committed_ns is None else _ms(self.committed_ns - self.window.fault_ts_ns)
 
+    @property
+    def back_ms(self) -> float | None:
+        """The commit (else node_down, else the fault) -> the clients back; 0 when they were back
+        first (librdkafka moves by itself; a planned move), None when no client recovered."""
+        if self.clients_back_ns is None:
+            return None
+        anchor = next(t for t in (self.committed_ns, self.node_down_ns, self.window.fault_ts_ns) if t is not None)
+        return max(0.0, _ms(self.clients_back_ns - anchor))
 
-def failover(events: list[dict[str, Any]], windows: list[FaultWindow]) -> list[Failover]:
+
+def failover(events: list[dict[str, Any]], windows: list[FaultWindow],
+             rto: list[ClientRto] | None = None) -> list[Failover]:
+    """One row per fault; with ``rto`` (its clients' rows) also when the clients were back."""
+    back: dict[tuple[str, int], int] = {}
+    for r in rto or ():
+        if r.recovered:
+            back[(r.run_id, r.fault_idx)] = max(back.get((r.run_id, r.fault_idx), r.gap_end_ns), r.gap_end_ns)
     marks: dict[str, dict[str, list[int]]] = defaultdict(lambda: {NODE_DOWN: [], COMMITTED: []})
     for e in events:
         if e["source"] == FLEET and e["event"] in (NODE_DOWN, COMMITTED):
@@ -295,7 +311,7 @@ def failover(events: list[dict[str, Any]], windows: list[FaultWindow]) -> list[F
         # The first commit after the fault, even one before node_down: a planned move
         # publishes the new map first and only then stops the node (DESIGN §4).
         commits = [t for t in m[COMMITTED] if w.fault_ts_ns <= t <= w.window_end_ns]
-        out.append(Failover(w, down, min(commits) if commits else None))
+        out.append(Failover(w, down, min(commits) if commits else None, back.get((w.run_id, w.fault_idx))))
     return out
 
 
@@ -359,3 +375,51 @@ def record_outcomes(events: Iterable[dict[str, Any]]) -> Records:
 def _record_order(rec: tuple[Any, ...]) -> tuple[Any, ...]:
     run_id, topic, key, seq = rec
     return (run_id, _nulls_first(topic), _nulls_first(key), (seq is not None, seq or 0))
+
+
+# ------------------------------------------------------------ per family
+@attrs.frozen
+class FamilyOutcome:
+    """One client family over a trace: its clients' RTOs (every fault) and the records it lost
+    (acked by one of its producers, read by no group) or duplicated (read twice by a group whose
+    consumers are of this family)."""
+
+    family: str
+    clients: int
+    rto_p50_ms: float | None
+    rto_p99_ms: float | None
+    rto_max_ms: float | None
+    lost: int
+    duplicated: int
+
+
+def family_outcomes(events: list[dict[str, Any]]) -> list[FamilyOutcome]:
+    """A row per client family (sorted by name), from the trace alone."""
+    rto = rto_per_client(events, fault_windows(events))
+    records = record_outcomes(events)
+    acked_by: dict[tuple[Any, ...], str] = {}
+    reader_family: dict[tuple[str, str], str] = {}
+    clients: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    for e in events:
+        if e["source"] != CLIENT or e["client_id"] is None:
+            continue
+        family = e["family"] or UNKNOWN
+        clients[family].add((e["run_id"], e["client_id"]))
+        if e["event"] == ACK:
+            acked_by[(e["run_id"], e["topic"], e["key"], e["seq"])] = family
+        elif e["event"] == CONSUME:
+            reader = e["group"] if e["group"] is not None else NO_GROUP_READER + str(e["client_id"])
+            reader_family[(e["run_id"], reader)] = family
+    lost: dict[str, int] = defaultdict(int)
+    for rec in records.lost:
+        lost[acked_by.get(rec, UNKNOWN)] += 1
+    duplicated: dict[str, int] = defaultdict(int)
+    for rec, group, _ in records.duplicated:
+        duplicated[reader_family.get((rec[0], group), UNKNOWN)] += 1
+    out = []
+    for family in sorted(set(clients) | set(lost) | set(duplicated)):
+        values = [r.rto_ms for r in rto if r.family == family]
+        p = _percentiles(values) if values else {}
+        out.append(FamilyOutcome(family, len(clients[family]), p.get("p50"), p.get("p99"),
+                                 max(values) if values else None, lost[family], duplicated[family]))
+    return out

@@ -5,15 +5,17 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from chaos.testbed.hosts import HOST_MODES, LOOPBACK
-from proxy.admin_client import AdminError, ClusterAdmin
-from proxy.status import FleetView
+from cli.exit_codes import EXIT_UNHEALTHY, EXIT_USAGE, fail
+from proxy.admin_client import AdminError, AdminRefused, ClusterAdmin
+from proxy.status import FleetView, NodeRow
 
 if TYPE_CHECKING:  # the local launcher needs the [chaos] extra: imported where a command uses it
     from chaos.testbed.fleet import LocalFleet
@@ -28,9 +30,9 @@ state_dir_option = click.option("--state-dir", required=True, type=click.Path(fi
 console = Console()
 
 
-def _fail(exc: Exception, code: int = 1) -> None:
-    click.echo(f"error: {exc}", err=True)
-    sys.exit(code)
+def _fail(exc: Exception, code: int | None = None) -> NoReturn:
+    """Exit 2 when the request itself was wrong (unknown node, token refused), else 1."""
+    fail(exc, code if code is not None else EXIT_USAGE if isinstance(exc, AdminRefused) else EXIT_UNHEALTHY)
 
 
 def _load(state_dir: str) -> "LocalFleet":
@@ -39,8 +41,7 @@ def _load(state_dir: str) -> "LocalFleet":
     try:
         return LocalFleet.load(state_dir)
     except AdminError as exc:
-        _fail(exc, 2)
-        raise  # unreachable
+        _fail(exc, EXIT_USAGE)
 
 
 def fleet_target(func: Any) -> Any:
@@ -62,8 +63,7 @@ def _target(state_dir: str | None, admin_url: str | None, token_env: str) -> Clu
     try:
         return ClusterAdmin.discover(admin_url or "", os.environ.get(token_env) or None)
     except AdminError as exc:
-        _fail(exc, 2)
-        raise  # unreachable
+        _fail(exc, EXIT_USAGE)
 
 
 # ------------------------------------------------------------------ fleet
@@ -127,26 +127,60 @@ def cluster() -> None:
     """Look at and act on a running fleet."""
 
 
-def render_status(view: FleetView, problems: list[str]) -> None:
-    nodes = Table(title=f"kproxy fleet — epoch {view.epoch}, leader {view.leader or '—'}")
-    for col in ("node", "address", "role", "term", "epoch", "quorum", "identities", "standing in for"):
-        nodes.add_column(col, no_wrap=col != "standing in for", overflow="fold")
+def stand_in_summary(view: FleetView, node: NodeRow) -> str:
+    """The addresses ``node`` stands in for, grouped by whose they are: ``p3 ×4`` (one
+    line, however many identity ports a vacant node had)."""
+    owner_of_host = {n.address: n.id for n in view.nodes}
+    counts: dict[str, int] = {}
+    for address in node.standing_in:
+        host = address.rsplit(":", 1)[0]
+        who = owner_of_host.get(host, host)
+        counts[who] = counts.get(who, 0) + 1
+    return ", ".join(f"{who} ×{k}" for who, k in sorted(counts.items())) or "—"
+
+
+def _node_address(view: FleetView, node: NodeRow) -> str:
+    """``host:bootstrap_port`` of a node (its identities are on ``[ports]``, see the broker table)."""
+    member = view.members.get(node.id)
+    if member is not None:
+        return f"{node.address}:{member.bootstrap_port}"
+    return next((b for b in view.bootstrap if b.rsplit(":", 1)[0] == node.address), node.address)
+
+
+def _node_state(node: NodeRow) -> str:
+    if not node.alive:
+        return "[red]DOWN[/red]"
+    if node.draining:
+        return "[yellow]draining[/yellow]"
+    return "serving" if node.up is not False else "[yellow]not up[/yellow]"
+
+
+def render_status(view: FleetView, problems: list[str], out: Console | None = None) -> None:
+    """The fleet as two tables that fit 80 columns (one line per node and per broker)."""
+    out = out or console
+    terms = sorted({n.term for n in view.nodes if n.term})
+    title = (f"kproxy fleet — epoch {view.epoch if view.epoch is not None else '—'}, "
+             f"leader {view.leader or '—'}" + (f", term {terms[-1]}" if terms else ""))
+    nodes = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, collapse_padding=True)
+    for col in ("node", "address", "role", "state", "epoch", "quorum", "brokers", "stands in for"):
+        nodes.add_column(col, no_wrap=True, overflow="ellipsis")
     for n in view.nodes:
-        role = n.role if n.alive else "[red]DOWN[/red]"
-        nodes.add_row(n.id, n.address, role, str(n.term or "—"), str(n.epoch or "—"),
+        nodes.add_row(n.id, _node_address(view, n), n.role if n.alive else "—", _node_state(n),
+                      str(n.epoch if n.epoch is not None else "—"),
                       {True: "yes", False: "[yellow]no[/yellow]", None: "—"}[n.has_quorum],
-                      ", ".join(map(str, n.identities)) or "—", ", ".join(n.standing_in) or "—")
-    console.print(nodes)
-    table = Table(title="broker identity → proxy")
+                      ",".join(map(str, n.identities)) or "—", stand_in_summary(view, n))
+    out.print(nodes)
+    table = Table(title="broker identity → proxy", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  collapse_padding=True)
     for col in ("broker", "upstream", "rack", "proxy", "advertised"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=True, overflow="ellipsis")
     brokers = {str(b.id): b for b in view.brokers}
     for bid, owner in view.assignment.items():
         b = brokers.get(bid)
         table.add_row(bid, f"{b.host}:{b.port}" if b else "?", str((b and b.rack) or "—"), owner,
                       str((b and b.advertised) or "—"))
-    console.print(table)
-    console.print("[green]healthy[/green]" if not problems else "[red]unhealthy:[/red] " + "; ".join(problems))
+    out.print(table)
+    out.print("[green]healthy[/green]" if not problems else "[red]unhealthy:[/red] " + "; ".join(problems))
 
 
 @cluster.command("status")

@@ -2,8 +2,8 @@
 
 Each subcommand lives in its own module under ``cli/`` and holds no logic that
 belongs to ``proxy/``, ``membership/``, ``chaos/`` or ``spark/``: it parses,
-calls, prints. Exit codes everywhere: 0 success, 1 unhealthy result, 2 bad
-usage or config.
+calls, prints. Exit codes everywhere (``cli/exit_codes.py``): 0 success, 1 unhealthy
+result, 2 refused (bad usage or config, unknown node, missing or wrong token).
 """
 
 from __future__ import annotations

@@ -26,7 +26,9 @@ EXIT_BAD_INPUT = 2
 @click.option("--json", "as_json", is_flag=True, help="Print report.json instead of the summary.")
 @click.pass_context
 def report(ctx: click.Context, trace_dir: Path, out: Path | None, master: str, as_json: bool) -> None:
-    """Turn a drill trace into RTO / loss / duplicate figures, plots and report.json."""
+    """Turn drill traces into RTO / loss / duplicate figures, plots and report.json.
+
+    TRACE_DIR is one run's trace directory or a drill's --out directory (every run under it)."""
     from spark.extract import TraceFormatError
     from spark.jobs import exit_code, run_report
 

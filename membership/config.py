@@ -23,8 +23,9 @@ Relationships enforced (each error names the field):
 
 from __future__ import annotations
 
+import difflib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,15 @@ class ConfigError(ValueError):
     def __init__(self, field: str, message: str) -> None:
         super().__init__(f"{field}: {message}")
         self.field = field
+
+
+def unknown_key_message(key: str, known: Iterable[str], what: str = "key") -> str:
+    """``unknown key; did you mean 'x'?`` naming the closest known key (difflib), else listing them."""
+    names = sorted(known)
+    close = difflib.get_close_matches(key.replace("-", "_"), names, n=1, cutoff=0.6)
+    if close:
+        return f"unknown {what}; did you mean '{close[0]}'?"
+    return f"unknown {what} (known: {', '.join(names)})"
 
 
 @attrs.frozen(slots=True)
@@ -207,8 +217,11 @@ class MemberConfig:
     def from_dict(cls, data: Mapping[str, Any], node_id: str | None = None) -> MemberConfig:
         data = dict(data)
         members = []
-        for raw in data.pop("members", []):
+        member_keys = {"id", "host", "bootstrap_port", "rack", "ports"} | {f.name for f in attrs.fields(MemberSpec)}
+        for i, raw in enumerate(data.pop("members", [])):
             raw = dict(raw)
+            for key in sorted(set(raw) - member_keys - {"node"}):
+                raise ConfigError(f"members[{i}].{key}", unknown_key_message(key, member_keys - {"node"}))
             ports = raw.pop("ports", None)
             scheme = None
             if isinstance(ports, Mapping):
@@ -232,7 +245,8 @@ class MemberConfig:
         fields = {f.name for f in attrs.fields(cls)}
         unknown = set(data) - fields
         if unknown:
-            raise ConfigError(sorted(unknown)[0], "unknown configuration key")
+            key = sorted(unknown)[0]
+            raise ConfigError(key, unknown_key_message(key, fields))
         return cls(members=members, **data)
 
     @classmethod

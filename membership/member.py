@@ -22,7 +22,9 @@ Metadata response and reacts to :meth:`subscribe` callbacks.
 from __future__ import annotations
 
 import collections
+import errno
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -86,7 +88,12 @@ class Member:
         peers = {m.id: m.heartbeat_address for m in self.config.peers}
         self._hb = Heartbeat(self.node_id, self.config.me.heartbeat_address, peers, self.config.password or "",
                              self.config.heartbeat_interval, self.config.suspect_timeout, clock=self._clock)
-        self._hb.open()
+        try:
+            self._hb.open()
+        except OSError as exc:  # one line naming the listener and its address, not a traceback
+            host, port = self.config.me.heartbeat_address
+            raise OSError(exc.errno, f"heartbeat listener (UDP) {host}:{port}: "
+                                     f"{os.strerror(exc.errno or 0).lower()}") from None
         self._thread = threading.Thread(target=self._run, name=f"kproxy-member-{self.node_id}", daemon=True)
         self._thread.start()
         if not self._started.wait(timeout):
@@ -96,6 +103,9 @@ class Member:
             err = self._start_error
             self._thread.join(timeout)
             self._hb.close()
+            if str(err) == "BindError":  # pysyncobj's one word for any failed bind
+                raise OSError(errno.EADDRINUSE, f"Raft listener (TCP) {self.config.me.raft_address}: cannot bind "
+                                                "(address already in use, or not an address of this host)") from None
             raise RuntimeError(f"member {self.node_id} failed to start: {err}") from err
 
     def stop(self, timeout: float = 5.0) -> None:

@@ -23,6 +23,10 @@ Order of business:
    ``rebalance_delay`` seconds. Step two of a rejoin: a node that dies again
    at once (crash loop, flapping link) never pulls clients over, and the data
    paths of the nodes losing identities see one planned move they can drain.
+   Rebalancing also sends identities home to their racks: ``assign`` keeps a
+   balanced table as it is, so after drains and undrains two nodes could keep
+   each other's rack's broker for good; pairs of identities are swapped back
+   (loads unchanged) under the same delay.
 
 No clock is read here: ``now`` comes from the caller (the real monotonic clock
 in ``Member``, simulated time in the tests).
@@ -36,7 +40,7 @@ import attrs
 
 from membership.commands import Command, MarkDown, MarkUp, Reassign, SetBrokers
 from membership.state import FleetState
-from topology import Broker, BrokerId, ProxyId, assign
+from topology import Broker, BrokerId, ProxyId, ProxyNode, assign, same_rack
 
 
 def _table(state: FleetState, previous: dict[BrokerId, ProxyId]) -> dict[BrokerId, ProxyId]:
@@ -44,11 +48,45 @@ def _table(state: FleetState, previous: dict[BrokerId, ProxyId]) -> dict[BrokerI
     return assign(state.brokers, nodes, previous) if nodes else {}
 
 
-def _loads(owners: dict[BrokerId, ProxyId]) -> dict[ProxyId, int]:
-    out: dict[ProxyId, int] = {}
-    for p in owners.values():
-        out[p] = out.get(p, 0) + 1
+def _rack_homed(owners: dict[BrokerId, ProxyId], brokers: Iterable[Broker],
+                nodes: Iterable[ProxyNode]) -> dict[BrokerId, ProxyId]:
+    """``owners`` with identities swapped pairwise until none can go home to its rack.
+
+    Broker ``b`` held off-rack by ``p`` swaps with a broker ``c`` that a node ``q`` of ``b``'s
+    rack holds off-rack: ``b`` lands home, ``q`` loses nothing of its own, loads are unchanged.
+    A ``c`` whose rack is ``p``'s is preferred (both land home). Every swap adds at least one
+    identity on its rack, so the loop ends; inputs are sorted, so every replica agrees."""
+    by_id = {b.id: b for b in brokers}
+    node_of = {n.id: n for n in nodes}
+    out = dict(owners)
+
+    def off_rack(bid: BrokerId, owner: ProxyId) -> bool:
+        return bid in by_id and owner in node_of and not same_rack(by_id[bid], node_of[owner])
+
+    swapped = True
+    while swapped:
+        swapped = False
+        for bid in sorted(out):
+            p = out[bid]
+            if not off_rack(bid, p) or by_id[bid].rack is None:
+                continue
+            home = [n.id for n in sorted(node_of.values(), key=lambda n: n.id) if n.rack == by_id[bid].rack]
+            partners = [c for c in sorted(out) if out[c] in home and off_rack(c, out[c])]
+            partners.sort(key=lambda c: not same_rack(by_id[c], node_of[p]))  # both home first (stable)
+            if partners:
+                c = partners[0]
+                out[bid], out[c] = out[c], p
+                swapped = True
     return out
+
+
+def settled_table(brokers: Iterable[Broker], nodes: list[ProxyNode],
+                  current: dict[BrokerId, ProxyId]) -> dict[BrokerId, ProxyId]:
+    """The table a rebalance moves ``current`` to: balanced by ``assign`` (minimal movement),
+    then every identity that can go home to its rack swapped there. Equal to ``current``
+    when there is nothing left to do (the simulator's test of a settled fleet)."""
+    brokers = tuple(brokers)
+    return _rack_homed(assign(brokers, nodes, current), brokers, nodes)
 
 
 class Planner:
@@ -108,11 +146,11 @@ class Planner:
         nodes = state.eligible_nodes()
         if not nodes:
             return None
-        target = assign(state.brokers, nodes, current)
+        target = settled_table(state.brokers, nodes, current)
         if target == current:
             return None
-        before, after_loads = _loads(current), _loads(target)
-        gainers = [p for p, n in after_loads.items() if n > before.get(p, 0)]
-        if all(self.live_for(p, now) >= self.rebalance_delay for p in gainers):
+        # Every node that would receive an identity it does not hold has been live long enough.
+        receivers = {p for b, p in target.items() if current.get(b) != p}
+        if all(self.live_for(p, now) >= self.rebalance_delay for p in receivers):
             return Reassign(state.epoch, target)
         return None

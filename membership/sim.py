@@ -56,9 +56,10 @@ from membership.control import (
     SubmitPlan,
 )
 from membership.effective import committed_vacant
+from membership.planner import settled_table
 from membership.serving import ServingMap
 from membership.state import FleetState
-from topology import Broker, ProxyNode, assign
+from topology import Broker, ProxyNode
 
 TICK_S = 0.05  # a tick of the simulated clock
 SAFETY_S = 12.0
@@ -479,7 +480,7 @@ class Simulation:
         state = self.states[-1]
         if first.epoch != state.epoch or state.up != {s.id for s in alive} or state.brokers != self.upstream:
             return "the committed state is not the fleet's"
-        if assign(state.brokers, state.eligible_nodes(), owners) != owners:
+        if settled_table(state.brokers, state.eligible_nodes(), owners) != owners:
             return "not balanced yet"
         return None
 

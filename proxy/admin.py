@@ -107,7 +107,10 @@ class AdminServer:
         self.ready = ready
         self.actions = actions
         handler = type("Handler", (AdminHandler,), {"admin": self})
-        self.httpd = ThreadingHTTPServer((host, port), handler)
+        try:
+            self.httpd = ThreadingHTTPServer((host, port), handler)
+        except OSError as exc:  # one line naming the listener and its address, not a traceback
+            raise OSError(exc.errno, f"admin listener (HTTP) {host}:{port}: {(exc.strerror or str(exc)).lower()}") from None
         self.httpd.daemon_threads = True
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="kproxy-admin", daemon=True)
 

@@ -28,6 +28,25 @@ class AdminError(RuntimeError):
     """An admin endpoint did not answer, refused, or the fleet did not reach the state asked for."""
 
 
+class AdminRefused(AdminError):
+    """The request itself is wrong: an unknown node, a missing or refused admin token, no fleet
+    at the address given. The operator commands exit 2 on it (1 on any other AdminError)."""
+
+
+def describe_http_error(exc: Exception) -> str:
+    """An httpx error as an operator reads it: ``connection refused``, ``timed out``, never a repr."""
+    if isinstance(exc, httpx.TimeoutException):
+        return "timed out"
+    text = str(exc).strip()
+    if isinstance(exc, httpx.ConnectError):
+        # "[Errno 111] Connection refused" -> "connection refused"
+        text = text.split("] ", 1)[-1] if text.startswith("[Errno") else text
+        return text[:1].lower() + text[1:] if text else "cannot connect"
+    if isinstance(exc, httpx.HTTPStatusError):
+        return f"HTTP {exc.response.status_code}"
+    return text or type(exc).__name__
+
+
 class NodeAdmin:
     """One node as its admin endpoint sees it: GET views, token-authorised POST actions.
 
@@ -57,7 +76,7 @@ class NodeAdmin:
 
     def token(self) -> str:
         if not self._token:
-            raise AdminError("no admin token: actions need the fleet's bearer token "
+            raise AdminRefused("no admin token: actions need the fleet's bearer token "
                              "(--token-env names the environment variable that holds it)")
         return self._token
 
@@ -79,7 +98,9 @@ class NodeAdmin:
         try:
             r = self.post("/kill", {"signal": name})
         except httpx.HTTPError as exc:
-            raise AdminError(f"node {self.node_id}: POST /kill failed: {exc!r}") from None
+            raise AdminError(f"node {self.node_id}: POST /kill failed: {describe_http_error(exc)}") from None
+        if r.status_code in (401, 403):
+            raise AdminRefused(f"node {self.node_id}: {_refusal(r)}")
         if r.status_code != 200:
             raise AdminError(f"node {self.node_id}: POST /kill answered {r.status_code}: {r.text[:200]}")
 
@@ -98,14 +119,16 @@ class ClusterAdmin:
         token; actions (drain, undrain, kill through ``POST /kill``) need the fleet's admin token."""
         parts = urllib.parse.urlsplit(admin_url if "://" in admin_url else f"http://{admin_url}")
         if not parts.hostname:
-            raise AdminError(f"{admin_url!r} is not an admin URL (http://HOST:PORT)")
+            raise AdminRefused(f"{admin_url!r} is not an admin URL (http://HOST:PORT)")
         first = NodeAdmin("?", parts.hostname, parts.port or DEFAULT_ADMIN_PORT, token)
         try:
             r = first.get("/status", timeout=timeout)
             r.raise_for_status()
             status = NodeStatus.from_json(r.json())
-        except (httpx.HTTPError, ValueError) as exc:  # StatusError is a ValueError
-            raise AdminError(f"no fleet status from {first.admin_url}: {exc!r}") from None
+        except httpx.HTTPError as exc:
+            raise AdminRefused(f"no fleet status from {first.admin_url}: {describe_http_error(exc)}") from None
+        except ValueError as exc:  # StatusError is a ValueError
+            raise AdminRefused(f"no fleet status from {first.admin_url}: not a kproxy status ({exc})") from None
         endpoints = status.admin_endpoints or {status.node: first.admin_url}
         nodes = []
         for node_id, url in sorted(endpoints.items()):
@@ -135,7 +158,7 @@ class ClusterAdmin:
         try:
             return self.nodes[node_id]
         except KeyError:
-            raise AdminError(f"no node {node_id!r} in this fleet (nodes: {self.node_ids})") from None
+            raise AdminRefused(f"no node {node_id!r} in this fleet (nodes: {', '.join(self.node_ids)})") from None
 
     # -------------------------------------------------------------- views
     def status(self, node_id: str | None = None, timeout: float = 1.0) -> NodeStatus:
@@ -147,8 +170,10 @@ class ClusterAdmin:
                 r = n.get("/status", timeout=timeout)
                 r.raise_for_status()
                 return NodeStatus.from_json(r.json())
-            except (httpx.HTTPError, ValueError) as exc:  # StatusError is a ValueError
-                errors.append(f"{n.node_id}: {exc!r}")
+            except httpx.HTTPError as exc:
+                errors.append(f"{n.node_id}: {describe_http_error(exc)}")
+            except ValueError as exc:  # StatusError is a ValueError
+                errors.append(f"{n.node_id}: not a kproxy status ({exc})")
         raise AdminError("no node answered /status: " + "; ".join(errors))
 
     def statuses(self, timeout: float = 1.0) -> dict[str, NodeStatus | None]:
@@ -211,12 +236,14 @@ class ClusterAdmin:
             try:
                 r = self._node(node_id).post(path)
             except httpx.HTTPError as exc:
-                errors.append(f"{node_id}: {exc!r}")
+                errors.append(f"{node_id}: {describe_http_error(exc)}")
                 continue
             if r.status_code == 200:
                 return r.json()
-            errors.append(f"{node_id}: HTTP {r.status_code} {r.text[:200]}")
-            if r.status_code in (400, 401, 403, 404):
+            if r.status_code in (401, 403, 404):
+                raise AdminRefused(f"{path} refused by {node_id}: {_refusal(r)}")
+            errors.append(f"{node_id}: {_refusal(r)}")
+            if r.status_code == 400:
                 break
         raise AdminError(f"{path} failed: " + "; ".join(errors))
 
@@ -227,3 +254,12 @@ class ClusterAdmin:
     def undrain(self, node_id: str) -> dict[str, Any]:
         self._node(node_id)
         return self._action(f"/undrain/{node_id}")
+
+
+def _refusal(r: httpx.Response) -> str:
+    """``HTTP 401: missing or wrong bearer token`` from an admin endpoint's JSON error body."""
+    try:
+        reason = r.json().get("error")
+    except ValueError:
+        reason = None
+    return f"HTTP {r.status_code}: {reason or r.text[:200].strip() or r.reason_phrase}"

@@ -2,7 +2,12 @@
 
 ``kproxy run --config F --node N`` picks node N out of ``[[nodes]]``. A single
 node needs only ``[upstream]`` and one ``[[nodes]]`` entry; the ``[fleet]``
-section (Raft) is optional. Every error names the offending field::
+section (Raft) is optional. Every error names the offending field; a key this
+reference does not list is an error suggesting the closest known name, and a
+secret written in the file (``admin.token``, ``fleet.password``) is refused:
+secrets come from the environment variables the ``*_env`` keys name. The
+operator's reference of every field is README.md's "Field reference" (a unit
+test keeps it complete)::
 
     [upstream]
     bootstrap = ["127.0.0.1:19092"]     # required, host:port list
@@ -56,6 +61,7 @@ from typing import Any, Mapping
 
 import attrs
 
+from membership.config import unknown_key_message
 from topology import PortScheme
 from topology import ProxyNode as TopologyNode
 
@@ -206,6 +212,30 @@ def proxy_node(config: Config, node_id: str) -> TopologyNode:
 
 
 # --------------------------------------------------------------- loading
+# The keys each section accepts. Sections that map onto an attrs class take its field
+# names, so a field added there is accepted here; anything else exits 2 naming the key.
+SECTIONS = ("upstream", "ports", "nodes", "limits", "logging", "admin", "fleet", "debug")
+SECTION_KEYS: dict[str, frozenset[str]] = {
+    "upstream": frozenset({"bootstrap", "refresh_interval_s"}),
+    "ports": frozenset({"base", "map"}),
+    "nodes": frozenset(f.name for f in attrs.fields(NodeConfig)),
+    "limits": frozenset(f.name for f in attrs.fields(Limits)),
+    "logging": frozenset({"level", "format"}),
+    "admin": frozenset({"token_env", "token"}),
+    "fleet": frozenset(f.name for f in attrs.fields(FleetConfig)) | {"password_env"},
+    "debug": frozenset({"tap_dir"}),
+}
+# Secrets never go in the file (README): a file that holds one is refused, naming the
+# ``*_env`` key to use instead. Only ``parse`` of an in-memory mapping (tests, tools) takes them inline.
+INLINE_SECRETS = {"admin.token": "admin.token_env", "fleet.password": "fleet.password_env"}
+
+
+def _check_keys(section: Mapping[str, Any], path: str, known: frozenset[str]) -> None:
+    for key in section:
+        if key not in known:
+            raise ConfigError(f"{path}.{key}", unknown_key_message(key, known))
+
+
 def load(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:
     p = Path(path)
     try:
@@ -214,7 +244,7 @@ def load(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> 
         raise ConfigError("--config", f"file {p} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("--config", f"{p} is not valid TOML: {exc}") from None
-    return parse(raw, env=os.environ if env is None else env, source=str(p))
+    return parse(raw, env=os.environ if env is None else env, source=str(p), inline_secrets=False)
 
 
 def _get(section: Mapping[str, Any], key: str, path: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
@@ -269,8 +299,12 @@ def _positive(value: float, path: str) -> float:
     return value
 
 
-def _secret(section: Mapping[str, Any], name: str, path: str, env: Mapping[str, str]) -> str | None:
-    """A secret comes from ``<name>`` in the file or from the env var named by ``<name>_env``."""
+def _secret(section: Mapping[str, Any], name: str, path: str, env: Mapping[str, str],
+            inline_ok: bool = True) -> str | None:
+    """A secret comes from the env var named by ``<name>_env`` (or, in memory only, from ``<name>``)."""
+    if name in section and not inline_ok:
+        raise ConfigError(f"{path}.{name}", f"secrets never go in the config file: put it in an environment "
+                                            f"variable and name that variable in {path}.{name}_env")
     if f"{name}_env" in section:
         var = _get(section, f"{name}_env", f"{path}.{name}_env", str)
         value = env.get(var)
@@ -285,19 +319,24 @@ def _secret(section: Mapping[str, Any], name: str, path: str, env: Mapping[str, 
     return None
 
 
-def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, source: str = "<memory>") -> Config:
+def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, source: str = "<memory>",
+          inline_secrets: bool = True) -> Config:
+    """The fleet config from a TOML mapping; every unknown key, at the top or inside a
+    section, is a ConfigError naming it. ``inline_secrets=False`` (a file) refuses secrets."""
     env = os.environ if env is None else env
-    known = {"upstream", "ports", "nodes", "limits", "logging", "admin", "fleet", "debug"}
     for key in raw:
-        if key not in known:
-            raise ConfigError(key, f"unknown section (expected one of {sorted(known)})")
+        if key not in SECTIONS:
+            raise ConfigError(key, unknown_key_message(key, SECTIONS, what="section"))
+    for name in SECTIONS:
+        if name != "nodes" and isinstance(raw.get(name), dict):
+            _check_keys(raw[name], name, SECTION_KEYS[name])
     upstream, refresh = _parse_upstream(_get(raw, "upstream", "upstream", dict))
     base, port_map = _parse_ports(_get(raw, "ports", "ports", dict, {}))
     nodes = _parse_nodes(_get(raw, "nodes", "nodes", list))
     limits = _parse_limits(_get(raw, "limits", "limits", dict, {}))
     level, fmt = _parse_logging(_get(raw, "logging", "logging", dict, {}))
-    token = _secret(_get(raw, "admin", "admin", dict, {}), "token", "admin", env)
-    fleet = _parse_fleet(_get(raw, "fleet", "fleet", dict), nodes, env) if "fleet" in raw else None
+    token = _secret(_get(raw, "admin", "admin", dict, {}), "token", "admin", env, inline_secrets)
+    fleet = _parse_fleet(_get(raw, "fleet", "fleet", dict), nodes, env, inline_secrets) if "fleet" in raw else None
     _check_node_ports(nodes, base, port_map)
     tap_dir = _get(_get(raw, "debug", "debug", dict, {}), "tap_dir", "debug.tap_dir", str, None)
     return Config(
@@ -338,6 +377,7 @@ def _parse_ports(ports_raw: Mapping[str, Any]) -> tuple[int | None, dict[int, in
 def _parse_node(n: Any, path: str) -> NodeConfig:
     if not isinstance(n, dict):
         raise ConfigError(path, "must be a table")
+    _check_keys(n, path, SECTION_KEYS["nodes"])
     admin_port = _get(n, "admin_port", f"{path}.admin_port", int, None)
     raft_port = _get(n, "raft_port", f"{path}.raft_port", int, None)
     node = NodeConfig(
@@ -423,8 +463,9 @@ def _parse_logging(logging_raw: Mapping[str, Any]) -> tuple[str, str]:
     return level, fmt
 
 
-def _parse_fleet(fleet_raw: Mapping[str, Any], nodes: tuple[NodeConfig, ...], env: Mapping[str, str]) -> FleetConfig:
-    password = _secret(fleet_raw, "password", "fleet", env)
+def _parse_fleet(fleet_raw: Mapping[str, Any], nodes: tuple[NodeConfig, ...], env: Mapping[str, str],
+                 inline_secrets: bool = True) -> FleetConfig:
+    password = _secret(fleet_raw, "password", "fleet", env, inline_secrets)
     if password is None:
         raise ConfigError("fleet.password", "Raft traffic is pickle: a password (or password_env) is required")
     fleet = FleetConfig(

@@ -36,7 +36,9 @@ from proxy.connection import Pair, UpstreamSide
 from proxy.discovery import BrokerDiscovery
 from proxy.drain import CloseListeners, DrainAt, DrainConnections, NodeDrain, Rebind
 from proxy.errors import ProtocolError, RewriteError, UnknownBroker
+from proxy.fleet_metrics import FleetCollector, FleetSample
 from proxy.listeners import Listeners, client_capacity
+from proxy.logs import describe_error
 from proxy.metrics import ProxyMetrics
 from proxy.registry import ConnectionRegistry
 from proxy.rewrite import BrokerAddress, ResponseRewriter
@@ -101,6 +103,7 @@ class DataPath:
         # Upstream connections leave from this node's own address (like a separate host).
         self._source = (self.node.host, 0)
         self.started_at = time.time()
+        self.metrics.registry.register(FleetCollector(node_id, self._fleet_sample))
 
     # ----------------------------------------------------------- lifecycle
     async def start(self, discovery_timeout: float = 60.0) -> None:
@@ -113,6 +116,9 @@ class DataPath:
     async def stop(self) -> None:
         self.listeners.close_all()
         await self.registry.stop()
+
+    def _fleet_sample(self) -> FleetSample:  # scrape thread: immutable map, copied ids
+        return FleetSample(self.serving, tuple(self.brokers), tuple(self.unbound), self.draining)
 
     @property
     def brokers(self) -> dict[int, UpstreamBroker]:
@@ -221,7 +227,7 @@ class DataPath:
                     transport, _ = await loop.create_connection(lambda: UpstreamSide(pair), address.host,
                                                                 address.port, local_addr=self._source)
             except (OSError, TimeoutError) as exc:
-                errors.append(f"{address}: {exc!r}")
+                errors.append(f"{address}: {describe_error(exc)}")
                 continue
             if pair.closed:
                 transport.close()

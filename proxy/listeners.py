@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import resource
 from collections.abc import Callable, Iterable
 
 from membership.serving import BOOTSTRAP, StandIn
 from proxy.connection import ClientSide
+from proxy.logs import describe_error
 from proxy.registry import ConnectionRegistry
 from proxy.takeover import Bind, Release, TakeoverReconciler
 from topology import ProxyNode
@@ -99,9 +101,13 @@ class Listeners:
 
     async def bind_bootstrap(self) -> None:
         if BOOTSTRAP not in self.own:
-            self.own[BOOTSTRAP] = await asyncio.get_running_loop().create_server(
-                self._factory(BOOTSTRAP), self.node.host, self.node.bootstrap_port, reuse_address=True,
-                reuse_port=self.reuse_port, backlog=self.backlog)
+            try:
+                self.own[BOOTSTRAP] = await asyncio.get_running_loop().create_server(
+                    self._factory(BOOTSTRAP), self.node.host, self.node.bootstrap_port, reuse_address=True,
+                    reuse_port=self.reuse_port, backlog=self.backlog)
+            except OSError as exc:  # one line naming the listener and its address, not a traceback
+                raise OSError(exc.errno, f"bootstrap listener {self.node.host}:{self.node.bootstrap_port}: "
+                                         f"{os.strerror(exc.errno or 0).lower()}") from None
 
     async def bind_identities(self, broker_ids: Iterable[int]) -> None:
         """A listener for each identity not bound yet (call under ``lock``).
@@ -113,13 +119,15 @@ class Listeners:
         for b in broker_ids:
             if b in self.own:
                 continue
+            host, port = self.node.host, None
             try:
                 host, port = self.node.address_for(b)
                 self.own[b] = await asyncio.get_running_loop().create_server(
                     self._factory(b), host, port, reuse_address=True, reuse_port=self.reuse_port,
                     backlog=self.backlog)
             except (OSError, ValueError) as exc:
-                log.error("listener bind failed", extra={"broker": b, "reason": str(exc)})
+                log.error("listener bind failed", extra={"broker": b, "address": f"{host}:{port}",
+                                                         "reason": describe_error(exc)})
                 continue
             added.append(b)
             log.info("listener bound", extra={"broker": b, "address": f"{host}:{port}"})

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
 import sys
 import time
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+
+def describe_error(exc: BaseException) -> str:
+    """An I/O error as an operator reads it (``connection refused``, ``timed out``), never a repr."""
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    if isinstance(exc, asyncio.IncompleteReadError):
+        return f"connection closed after {len(exc.partial)} of {exc.expected} bytes"
+    if isinstance(exc, OSError) and exc.errno:
+        return os.strerror(exc.errno).lower()
+    return str(exc) or type(exc).__name__
 
 
 class JsonFormatter(logging.Formatter):

@@ -138,6 +138,7 @@ class NodeRuntime:
             await asyncio.sleep(0.02)
 
     async def shutdown(self) -> None:
+        log.info("stopping: draining clients first", extra={"node": self.node_id, "drain_timeout_s": GRACEFUL_DRAIN_S})
         self.ready = False
         await self.graceful_drain()
         if self.admin is not None:
@@ -145,6 +146,7 @@ class NodeRuntime:
         await self.datapath.stop()
         if self.link is not None:
             self.link.member.stop()
+        log.info("node stopped", extra={"node": self.node_id, "connections_left": self.datapath.connections})
 
 
 def run(config: Config, node_id: str) -> None:

@@ -23,6 +23,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
 
 from proxy.config import HostPort
+from proxy.logs import describe_error
 
 log = logging.getLogger("kproxy.upstream")
 _LEN = struct.Struct(">i")
@@ -92,5 +93,5 @@ async def discover(candidates: Iterable[HostPort], timeout: float = 5.0,
         try:
             return await fetch_brokers(address, timeout, source)
         except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, DiscoveryError, ValueError) as exc:
-            errors.append(f"{address}: {exc!r}")
+            errors.append(f"{address}: {describe_error(exc)}")
     raise DiscoveryError("no upstream broker answered Metadata: " + "; ".join(errors))

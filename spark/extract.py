@@ -1,8 +1,9 @@
 """Extract: a trace directory -> one validated events DataFrame.
 
-A trace directory holds either JSON-lines files (``*.jsonl`` at the top, one
-per writing process, as ``chaos.trace.TraceWriter`` writes them) or Parquet
-files (``*.parquet`` anywhere below it, the native format; see
+A trace directory holds either JSON-lines files (``*.jsonl``, one per writing
+process, as ``chaos.trace.TraceWriter`` writes them: at the top, or, for a
+drill's ``--out`` directory, below it in ``<run_id>/trace/``, every run at once)
+or Parquet files (``*.parquet`` anywhere below it, the native format; see
 ``convert_to_parquet``). Both are read with the schema from ``spark.schema``;
 nothing is inferred.
 
@@ -70,6 +71,8 @@ def find_trace_files(trace_dir: str | Path) -> tuple[str, tuple[Path, ...]]:
     if not root.is_dir():
         raise TraceFormatError(root, None, "not a directory")
     jsonl = tuple(sorted(p for p in root.glob("*.jsonl") if p.is_file()))
+    if not jsonl:  # a drill's --out directory: <run_id>/trace/*.jsonl for every run
+        jsonl = tuple(sorted(p for p in root.rglob("*.jsonl") if p.is_file() and not _hidden(p, root)))
     parquet = tuple(sorted(p for p in root.rglob("*.parquet") if p.is_file() and not _hidden(p, root)))
     if jsonl and parquet:
         raise TraceFormatError(root, None, "holds both *.jsonl and *.parquet files: point at one format")
@@ -103,10 +106,12 @@ def convert_to_parquet(spark: SparkSession, trace_dir: str | Path, out_dir: str 
 
 
 def _read_jsonl(spark: SparkSession, root: Path, files: tuple[Path, ...]) -> Trace:
+    nested = any(path.parent != root for path in files)
     raw = (
         spark.read.schema(TRACE_SCHEMA)
         .option("mode", "FAILFAST")
         .option("pathGlobFilter", "*.jsonl")
+        .option("recursiveFileLookup", "true" if nested else "false")
         .json(str(root))
         .select(*COLUMNS, F.col("_metadata.file_path").alias(_FILE_COL))
     )

@@ -56,6 +56,7 @@ class Tables:
     duplicated: DataFrame
     unacked_consumed: DataFrame
     timeline: DataFrame
+    run_summary: DataFrame
     cached: tuple[DataFrame, ...] = ()
 
     def release(self) -> None:
@@ -81,8 +82,9 @@ def transform_all(events: DataFrame, *, cache: bool = True) -> Tables:
     run_table = keep(transform.runs(events))
     faults = keep(transform.fault_windows(events, run_table))
     rto = keep(transform.rto_per_client(events, faults))
-    failover = keep(transform.failover(events, faults))
+    failover = keep(transform.with_clients_back(transform.failover(events, faults), rto))
     problems = keep(transform.record_problems(transform.record_outcomes(events)))
+    lost, duplicated = transform.lost(problems), transform.duplicated(problems)
     return Tables(
         runs=run_table,
         faults=faults,
@@ -91,10 +93,11 @@ def transform_all(events: DataFrame, *, cache: bool = True) -> Tables:
         failover=failover,
         failover_stats=transform.failover_stats(failover),
         problems=problems,
-        lost=transform.lost(problems),
-        duplicated=transform.duplicated(problems),
+        lost=lost,
+        duplicated=duplicated,
         unacked_consumed=transform.unacked_consumed(problems),
         timeline=transform.timeline(events, run_table, faults),
+        run_summary=transform.run_summary(run_table, faults, rto, lost, duplicated),
         cached=tuple(cached),
     )
 

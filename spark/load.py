@@ -78,7 +78,7 @@ def _keys(records: list[dict[str, Any]]) -> list[str]:
 def build_report(tables: Tables, trace: Trace, out_dir: Path, *, max_listed: int = MAX_LISTED) -> dict[str, Any]:
     """Collect the tables, write every output file, return the report dict."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    runs = _row_dicts(tables.runs.orderBy("run_id"))
+    runs = _row_dicts(tables.run_summary)
     starts = {r["run_id"]: r["start_ns"] for r in runs}
 
     failover_pdf = _to_pandas(tables.failover.orderBy("run_id", "fault_idx"))

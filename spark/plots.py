@@ -93,7 +93,7 @@ def rto_cdf(rto: pd.DataFrame) -> Figure:
 
 
 def failover_breakdown(failover: pd.DataFrame) -> Figure:
-    """Per fault, a stacked bar: detect_ms then commit_ms."""
+    """Per fault, a stacked bar: detect_ms, commit_ms, then back_ms (the clients back)."""
     shown = failover.head(MAX_FAULTS_PLOTTED)
     fig = Figure(figsize=(9, 1.2 + 0.32 * max(1, len(shown))), layout="constrained")
     ax = fig.subplots()
@@ -102,15 +102,17 @@ def failover_breakdown(failover: pd.DataFrame) -> Figure:
     labels = [f"{r.run_id} #{r.fault_idx} {r.fault}" for r in shown.itertuples()]
     detect = shown["detect_ms"].fillna(0.0).to_numpy()
     commit = shown["commit_ms"].fillna(0.0).to_numpy()
+    back = (shown["back_ms"] if "back_ms" in shown else shown["commit_ms"] * 0).fillna(0.0).to_numpy()
     rows = list(range(len(shown)))
     ax.barh(rows, detect, color="tab:orange", label="detect (fault -> node_down)")
     ax.barh(rows, commit, left=detect, color="tab:purple", label="commit (-> assignment_committed)")
+    ax.barh(rows, back, left=detect + commit, color="tab:green", label="clients back (-> last client's first success)")
     ax.set_yticks(rows, labels, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("ms")
     ax.grid(True, axis="x", alpha=0.3)
-    fig.legend(fontsize=8, loc="outside lower center", ncol=2)
-    title = "Detection and commit per fault"
+    fig.legend(fontsize=8, loc="outside lower center", ncol=3)
+    title = "Fault -> detected -> committed -> clients back"
     if len(failover) > len(shown):
         title += f" (first {len(shown)} of {len(failover)})"
     ax.set_title(title)

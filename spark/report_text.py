@@ -32,6 +32,8 @@ def render(report: dict[str, Any]) -> RenderableType:
         f"{len(runs)} run(s), {len(report['faults'])} fault(s)",
     )
 
+    per_run = _runs_table(runs)
+
     rto = Table(title="RTO (ms) per fault and client family", title_justify="left")
     for name in ("fault", "family", "clients", "p50", "p99", "max", "unrecovered"):
         rto.add_column(name, justify="left" if name in ("fault", "family") else "right")
@@ -59,7 +61,7 @@ def render(report: dict[str, Any]) -> RenderableType:
     )
     records.add_row("consumed without an ack (not an error)", str(report["unacked_consumed"]["count"]), "")
 
-    parts: list[RenderableType] = [head, rto, phases, records]
+    parts: list[RenderableType] = [head, per_run, rto, phases, records]
     if report["unrecovered"]:
         parts.append(
             Text(
@@ -76,6 +78,24 @@ def render(report: dict[str, Any]) -> RenderableType:
             Text(f"UNHEALTHY: {lost['count']} lost, {dup['count']} duplicated record(s)", style="bold red")
         )
     return Group(*parts)
+
+
+def _runs_table(runs: list[dict[str, Any]]) -> Table:
+    """A row per run and the totals (RTO max over every run; p50/p99 only per run)."""
+    table = Table(title="Runs", title_justify="left")
+    for name in ("run", "faults", "clients", "RTO p50", "RTO p99", "RTO max", "lost", "duplicated"):
+        table.add_column(name, justify="left" if name in ("run", "faults") else "right")
+    for r in runs:
+        kinds = r.get("fault_types") or "none"
+        table.add_row(str(r["run_id"]), f"{r['faults']} {kinds}", str(r["clients"]), _ms(r.get("rto_p50_ms")),
+                      _ms(r.get("rto_p99_ms")), _ms(r.get("rto_max_ms")), str(r.get("lost", 0)),
+                      str(r.get("duplicated", 0)))
+    maxima = [r["rto_max_ms"] for r in runs if r.get("rto_max_ms") is not None]
+    table.add_section()
+    table.add_row(f"total ({len(runs)} run{'s' if len(runs) != 1 else ''})", str(sum(r["faults"] for r in runs)),
+                  str(sum(r["clients"] for r in runs)), "", "", _ms(max(maxima) if maxima else None),
+                  str(sum(r.get("lost", 0) for r in runs)), str(sum(r.get("duplicated", 0) for r in runs)))
+    return table
 
 
 def to_text(report: dict[str, Any]) -> str:

@@ -188,6 +188,24 @@ def _stats(value: str, prefix: str = "") -> list[Column]:
     ]
 
 
+def run_summary(run_table: DataFrame, faults: DataFrame, rto: DataFrame, lost_records: DataFrame,
+                duplicated_records: DataFrame) -> DataFrame:
+    """One row per run (a drill's ``--out`` holds several): the columns of ``runs`` plus
+    fault_types (comma-separated), rto_p50_ms/rto_p99_ms/rto_max_ms over its clients and faults,
+    lost and duplicated (record counts, as in the report's totals)."""
+    types = faults.groupBy("run_id").agg(F.concat_ws(",", F.array_sort(F.collect_set("fault"))).alias("fault_types"))
+    rto_run = rto.groupBy("run_id").agg(*_stats("rto_ms", "rto_"))
+    lost_run = lost_records.groupBy("run_id").agg(F.count(F.lit(1)).alias("lost"))
+    dup_run = duplicated_records.groupBy("run_id").agg(F.count(F.lit(1)).alias("duplicated"))
+    joined = (run_table.join(types, "run_id", "left").join(rto_run, "run_id", "left")
+              .join(lost_run, "run_id", "left").join(dup_run, "run_id", "left"))
+    return joined.select(
+        *run_table.columns, F.coalesce("fault_types", F.lit("")).alias("fault_types"),
+        *(c for c in rto_run.columns if c != "run_id"),
+        F.coalesce("lost", F.lit(0)).alias("lost"), F.coalesce("duplicated", F.lit(0)).alias("duplicated"),
+    ).orderBy("run_id")
+
+
 def rto_stats(rto: DataFrame) -> DataFrame:
     """Exact p50/p99/max of rto_ms per (fault, family), over clients and repeats.
 
@@ -241,6 +259,19 @@ def failover(events: DataFrame, faults: DataFrame) -> DataFrame:
                F.greatest(_ms(F.col("committed_ns") - F.col("anchor_ns")), F.lit(0.0))).alias("commit_ms"),
         _ms(F.col("committed_ns") - F.col("fault_ts_ns")).alias("failover_ms"),
     )
+
+
+def with_clients_back(failover_table: DataFrame, rto: DataFrame) -> DataFrame:
+    """The last phase of the breakdown (fault -> detected -> committed -> clients back): adds
+    clients_back_ns (the latest first success after the fault among the fault's recovered
+    clients) and back_ms (from the commit, else node_down, else the fault, to clients_back_ns;
+    0 when the clients were back first, null when none recovered). See chaos.measures.Failover."""
+    back = (rto.filter(F.col("recovered")).groupBy("run_id", "fault_idx")
+            .agg(F.max("gap_end_ns").alias("clients_back_ns")))
+    anchor = F.coalesce("committed_ns", "node_down_ns", "fault_ts_ns")
+    return failover_table.join(back, ["run_id", "fault_idx"], "left").withColumn(
+        "back_ms", F.when(F.col("clients_back_ns").isNotNull(),
+                          F.greatest(_ms(F.col("clients_back_ns") - anchor), F.lit(0.0))))
 
 
 def failover_stats(failover_table: DataFrame) -> DataFrame:

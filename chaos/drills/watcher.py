@@ -4,12 +4,15 @@
 every ``poll_period_s`` (50 ms) while a drill runs and writes ``node_down``
 (the replicated state stopped counting a node as up; node, epoch) and
 ``assignment_committed`` (the committed table changed; epoch, detail = the
-table as JSON). Timestamps: when the fleet itself made the change, taken from
-the polled node's own event log (``committed`` MarkDown, the command committed
-at the table's epoch, stamped
-with CLOCK_MONOTONIC, which every process on the machine shares) when the
-mapping checks out; otherwise when the poll saw it (one period plus one status
-request late at most).
+table as JSON). Timestamps: when the fleet itself acted, taken from the polled
+node's own event log, so that the failover breaks down on one clock into
+fault → detected → committed → clients back: ``node_down`` at the node's
+``peer_down`` of the victim (its failure detector; the ``committed`` MarkDown
+when the log holds no detection), ``assignment_committed`` at the command
+committed at the table's epoch. An event's time is its wall-clock ``ts_ns``, or
+its CLOCK_MONOTONIC ``t`` (one clock for the machine) mapped to wall time when
+the node's clock checks out; otherwise the poll time (one period plus one
+status request late at most).
 """
 
 from __future__ import annotations
@@ -187,21 +190,37 @@ class ReactionWatcher:
                 await trio.sleep(0.1)
         return False
 
+    @staticmethod
+    def _event_wall_ns(view: Observation, e: dict[str, Any]) -> int | None:
+        """An event's wall-clock time: its own ``ts_ns``, else ``t`` mapped through a checked clock."""
+        ts = e.get("ts_ns")
+        if isinstance(ts, int) and not isinstance(ts, bool):
+            return ts
+        t = e.get("t")
+        if view.clock is None or not isinstance(t, (int, float)):
+            return None
+        recv_mono, recv_wall_ns = view.clock
+        return recv_wall_ns - int((recv_mono - t) * 1e9)
+
     def _fleet_time(self, view: Observation, match: Callable[[dict[str, Any]], bool], now_ns: int,
                     not_before_ns: int) -> tuple[int, dict[str, Any] | None]:
         """When the fleet itself made the change: the latest matching event of the polled node,
-        mapped to wall time, if it lies between the previous poll and now; else the poll time."""
-        if view.clock is None:
-            return now_ns, None
-        recv_mono, recv_wall_ns = view.clock
+        in wall time, if it lies between ``not_before_ns`` and now; else the poll time."""
         for e in reversed(view.events):
-            t = e.get("t")
-            if isinstance(t, (int, float)) and match(e):
-                wall_ns = recv_wall_ns - int((recv_mono - t) * 1e9)
-                if not_before_ns <= wall_ns <= now_ns:
+            if match(e):
+                wall_ns = self._event_wall_ns(view, e)
+                if wall_ns is not None and not_before_ns <= wall_ns <= now_ns:
                     return wall_ns, e
                 break
         return now_ns, None
+
+    def _detected_at(self, view: Observation, node: str, now_ns: int) -> int | None:
+        """When the polled node's failure detector last saw ``node`` go (its latest ``peer_down``
+        of it, unless a ``peer_up`` came later), after this watcher's previous ``node_down`` of it."""
+        previous = self.down_at.get(node, [])
+        ts, e = self._fleet_time(view, lambda e: e.get("event") in ("peer_down", "peer_up") and e.get("node") == node,
+                                 now_ns, previous[-1] + 1 if previous else 0)
+        return ts if e is not None and e.get("event") == "peer_down" else None
 
     def observe(self, view: Observation, *, baseline: bool = False) -> None:
         """Diff one view against the last one and write the events (pure apart from the trace).
@@ -218,6 +237,8 @@ class ReactionWatcher:
                 ts, e = self._fleet_time(view, lambda e, n=nid: e.get("event") == "committed" and e.get(
                     "command") == "MarkDown" and n in (e.get("nodes") or []), now, not_before)
                 down_epoch = e["epoch"] if e is not None and isinstance(e.get("epoch"), int) else epoch
+                detected = self._detected_at(view, nid, now)
+                ts = detected if detected is not None and detected <= ts else ts
                 self.trace.fleet("node_down", node=nid, epoch=down_epoch, ts_ns=ts)
                 self.down_at.setdefault(nid, []).append(ts)
             self.up[nid] = up

@@ -131,9 +131,9 @@ def test_cluster_commands_through_any_admin_endpoint(fleet):
     # Actions need the fleet's token; without it nothing moves.
     no_token = runner.invoke(cli, ["cluster", "drain", "p3", "--admin", url, "--token-env", "KPROXY_TEST_NO_TOKEN"],
                              env={"KPROXY_TEST_NO_TOKEN": ""})
-    assert no_token.exit_code == 1 and "no admin token" in no_token.output
+    assert no_token.exit_code == 2 and "no admin token" in no_token.output
     wrong = runner.invoke(cli, ["cluster", "drain", "p3", "--admin", url], env={"KPROXY_ADMIN_TOKEN": "wrong"})
-    assert wrong.exit_code == 1 and "401" in wrong.output
+    assert wrong.exit_code == 2 and "401" in wrong.output
     assert fleet.fleet_view().assignment == local["assignment"]
     env = {"KPROXY_ADMIN_TOKEN": read_env(fleet.config_path)["KPROXY_ADMIN_TOKEN"]}
     result = runner.invoke(cli, ["cluster", "drain", "p3", "--admin", url], env=env)

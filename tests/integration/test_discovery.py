@@ -115,6 +115,7 @@ def test_kproxy_run_is_not_ready_while_a_listener_cannot_bind(kafka_cluster, tmp
         status = node.get("/status").json()
         assert status["unbound"] == [blocked] and status["ready"] is False
         assert "listener bind failed" in node.log_path.read_text()
+        assert f'"address": "{host}:{BASE + blocked}"' in node.log_path.read_text()  # names the address
         blocker.close()
         _wait_readyz(node, 200)
         assert node.get("/status").json()["unbound"] == []

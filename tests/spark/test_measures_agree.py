@@ -103,6 +103,10 @@ EXPECTED_RTO = {  # (fault_idx, client) -> (rto_ms, recovered, role, family)
     (1, "jp"): (2500.0, False, "producer", "java"),
 }
 EXPECTED_FAILOVER = {0: (150.0, 250.0, 400.0), 1: (300.0, 0.0, 100.0)}  # detect, commit, failover
+# Clients back: the latest first success after the fault of the recovered clients, from the commit.
+# Fault 0: ap 2500, kc 2900, cc 2600 -> 2900, commit 2400: 500. Fault 1: ap 7600, kc 7500 (jp never
+# recovered) -> 7600, commit 7100: 500.
+EXPECTED_BACK = {0: (ns(2900), 500.0), 1: (ns(7600), 500.0)}
 # Topic t (no final read): acked 1.0-1.5, 2.0, 2.1. Read: 1.0, 1.1 (g), 1.2 (client:cc). Lost:
 # the other five. Topic v: see above.
 EXPECTED_LOST = {"1.3", "1.4", "1.5", "2.0", "2.1", "5.1", "5.3"}
@@ -117,6 +121,9 @@ def test_pure_python_measures_give_the_hand_computed_figures():
     assert {(r.fault_idx, r.client_id): (r.rto_ms, r.recovered, r.role, r.family) for r in rto} == EXPECTED_RTO
     fo = measures.failover(TRACE, windows)
     assert {f.window.fault_idx: (f.detect_ms, f.commit_ms, f.failover_ms) for f in fo} == EXPECTED_FAILOVER
+    assert all(f.back_ms is None for f in fo)  # without the clients' rows
+    fo = measures.failover(TRACE, windows, rto)
+    assert {f.window.fault_idx: (f.clients_back_ns, f.back_ms) for f in fo} == EXPECTED_BACK
     records = measures.record_outcomes(TRACE)
     assert {r[2] for r in records.lost} == EXPECTED_LOST
     assert {(r[2], group, times) for r, group, times in records.duplicated} == EXPECTED_DUPLICATED
@@ -132,6 +139,9 @@ def test_spark_measures_give_the_same_figures(spark_session):  # type: ignore[no
             for r in rto} == EXPECTED_RTO
     fo = transform.failover(events, faults).collect()
     assert {r["fault_idx"]: (r["detect_ms"], r["commit_ms"], r["failover_ms"]) for r in fo} == EXPECTED_FAILOVER
+    back = transform.with_clients_back(transform.failover(events, faults),
+                                       transform.rto_per_client(events, faults)).collect()
+    assert {r["fault_idx"]: (r["clients_back_ns"], r["back_ms"]) for r in back} == EXPECTED_BACK
     outcomes = transform.record_outcomes(events)
     assert {r["key"] for r in transform.lost(outcomes).collect()} == EXPECTED_LOST
     assert {(r["key"], r["group"], r["times"]) for r in transform.duplicated(outcomes).collect()} == EXPECTED_DUPLICATED

@@ -54,6 +54,8 @@ def test_report_figures(report, unhealthy_trace):  # type: ignore[no-untyped-def
     assert report["detect_ms"]["kill"] == {"p50": 150.0, "p99": 150.0, "max": 150.0, "n": 1, "faults": 1}
     assert report["commit_ms"]["kill"] == {"p50": 30.0, "p99": 30.0, "max": 30.0, "n": 1, "faults": 1}
     assert report["failover_ms"]["kill"]["max"] == 180.0
+    # clients back: p1's first ack after the fault at 2600, c1's first read at 2650; commit at 2180
+    assert [(f["clients_back_ns"], f["back_ms"]) for f in report["faults"]] == [(ns(2650), 470.0)]
     assert report["lost"] == {
         "count": 1,
         "keys": ["k3"],
@@ -153,3 +155,57 @@ def test_trace_without_faults_reports_no_rto_and_still_draws(spark_session, tmp_
     assert [(r["run_id"], r["faults"]) for r in report["runs"]] == [("d1", 0)]
     for path in report["plots"].values():
         assert Path(path).read_bytes()[:8] == PNG_MAGIC
+
+
+def test_cli_reports_every_run_of_a_drill_out_directory(spark_session, tmp_path):  # type: ignore[no-untyped-def]
+    """`kproxy drill run --out X` then `kproxy report X`: the traces are one level down,
+    <run_id>/trace/*.jsonl, beside each run's logs; a row per run and the totals."""
+    out = tmp_path / "drills"
+    small_drill().write_jsonl(out / "kill-1-111" / "trace")
+    clean = small_drill(clean=True)
+    for event in clean.events:
+        event["run_id"] = "d2"
+    clean.write_jsonl(out / "kill-2-222" / "trace")
+    (out / "kill-1-111" / "logs").mkdir()
+    (out / "kill-1-111" / "logs" / "p1.log").write_text("a node's log, not a trace\n")
+    result = invoke(str(out), "--json")
+    assert result.exit_code == 1, result.output  # run d1 lost and duplicated a record
+    report = json.loads(result.stdout)
+    assert report["files"] == 6 and report["events"] == 2 * 107  # clean: k3 read once more, k5 once less
+    assert [(r["run_id"], r["faults"], r["fault_types"], r["clients"], r["rto_max_ms"], r["lost"], r["duplicated"])
+            for r in report["runs"]] == [("d1", 1, "kill", 2, 700.0, 1, 1), ("d2", 1, "kill", 2, 700.0, 0, 0)]
+    summary = (out / "report" / "summary.txt").read_text()
+    assert "Runs" in summary and "total (2 runs)" in summary
+    total = next(line for line in summary.splitlines() if "total (2 runs)" in line)
+    assert [cell for cell in total.split() if cell != "│"][-3:] == ["700.0", "1", "1"]
+
+
+def test_demo_final_screen_reports_and_tables_each_family(spark_session, tmp_path):  # type: ignore[no-untyped-def]
+    """The end of `make demo` (`kproxy demo --replay OUT`, on the hand-made drill): `kproxy report`
+    over the drill's --out, where the plots are, then a row per client family in whole ms."""
+    out = tmp_path / "demo" / "trace"
+    small_drill().write_jsonl(out / "kill-1-111" / "trace")
+    result = CliRunner().invoke(cli, ["demo", "--replay", str(out)], catch_exceptions=False,
+                                env={"COLUMNS": "100"})
+    assert result.exit_code == 1, result.output  # k3 lost, k5 duplicated
+    text = result.output
+    assert f"kproxy report {out}" in text
+    assert f"report: {out.resolve() / 'report'}/report.json" in text
+    for name in ("throughput.png", "rto_cdf.png", "failover_breakdown.png"):
+        assert str(out.resolve() / "report" / name) in text
+    rows = {cells[0]: cells[1:] for cells in (
+        [c for c in line.replace("│", " ").split()] for line in text.splitlines()) if cells and cells[0] in (
+        "aiokafka", "java")}
+    # family: clients, RTO p50/p99/max (whole ms), lost, duplicated
+    assert rows == {"aiokafka": ["1", "700", "700", "700", "1", "0"], "java": ["1", "700", "700", "700", "0", "1"]}
+    assert text.rstrip().splitlines()[-1] == "records lost or duplicated (see the report)"
+
+
+def test_breakdown_plot_stacks_detected_committed_and_clients_back():
+    import pandas as pd
+
+    from spark import plots
+
+    fault = {"run_id": "d1", "fault_idx": 0, "fault": "kill", "detect_ms": 150.0, "commit_ms": 30.0, "back_ms": 470.0}
+    ax = plots.failover_breakdown(pd.DataFrame([fault])).axes[0]
+    assert [(p.get_x(), p.get_width()) for p in ax.patches] == [(0.0, 150.0), (150.0, 30.0), (180.0, 470.0)]

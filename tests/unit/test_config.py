@@ -109,3 +109,67 @@ def test_proxy_nodes_carry_the_port_scheme_of_every_node():
     assert proxy_node(parse(raw, env={}), "p2").address_for(5) == ("127.0.0.12", 9105)
     with pytest.raises(ConfigError):
         proxy_node(parse(raw, env={}), "p9")
+
+
+@pytest.mark.parametrize(("changes", "field", "suggestion"), [
+    ({"admin": {"token-env": "T"}}, "admin.token-env", "token_env"),
+    ({"admin": {"admin_prot": 9400}}, "admin.admin_prot", None),
+    ({"fleet__adress_takeover": False}, "fleet.adress_takeover", "address_takeover"),
+    ({"nodes__0__admin_prot": 9400}, "nodes[0].admin_prot", "admin_port"),
+    ({"limits": {"max_conections": 10}}, "limits.max_conections", "max_connections"),
+    ({"upstream__refresh_interval": 5}, "upstream.refresh_interval", "refresh_interval_s"),
+    ({"ports__bsae": 9000}, "ports.bsae", "base"),
+    ({"logging": {"lvl": "INFO"}}, "logging.lvl", "level"),
+    ({"debug": {"tapdir": "/tmp"}}, "debug.tapdir", "tap_dir"),
+    ({"limit": {}}, "limit", "limits"),
+])
+def test_unknown_key_is_named_with_the_closest_known_name(changes, field, suggestion):
+    with pytest.raises(ConfigError) as info:
+        parse(_with(**changes), env={"PW": "s3cret", "T": "tok"})
+    assert info.value.field == field
+    message = str(info.value)
+    assert "unknown" in message
+    if suggestion is not None:
+        assert f"did you mean '{suggestion}'?" in message
+    else:
+        assert "did you mean" not in message and "token_env" in message  # lists the section's keys
+
+
+def test_secret_written_in_the_file_is_refused_naming_the_env_key(tmp_path):
+    head = ('[upstream]\nbootstrap = ["127.0.0.1:19092"]\n[ports]\nbase = 9100\n'
+            '[[nodes]]\nid = "p1"\nhost = "127.0.0.11"\nbootstrap_port = 9092\nraft_port = 9500\n')
+    for section, body, env_key in (("admin", 'token = "hunter2"', "admin.token_env"),
+                                   ("fleet", 'password = "hunter2"', "fleet.password_env")):
+        path = tmp_path / f"{section}.toml"
+        path.write_text(head + f"[{section}]\n{body}\n")
+        result = CliRunner().invoke(cli, ["run", "--config", str(path), "--node", "p1"])
+        assert result.exit_code == 2, result.output
+        assert f"{section}." in result.output and env_key in result.output
+        assert "hunter2" not in result.output
+
+
+def test_run_with_an_unknown_key_exits_2_suggesting_the_name(tmp_path):
+    path = tmp_path / "typo.toml"
+    path.write_text('[upstream]\nbootstrap = ["127.0.0.1:19092"]\n[ports]\nbase = 9100\n'
+                    '[[nodes]]\nid = "p1"\nhost = "127.0.0.11"\nbootstrap_port = 9092\n'
+                    '[admin]\ntoken-env = "KPROXY_ADMIN_TOKEN"\n')
+    result = CliRunner().invoke(cli, ["run", "--config", str(path), "--node", "p1"])
+    assert result.exit_code == 2
+    assert "admin.token-env" in result.output and "did you mean 'token_env'?" in result.output
+
+
+def test_readme_field_reference_lists_every_key():
+    """The README's field reference is the operator's; a key the parser accepts is listed there."""
+    from pathlib import Path
+
+    from proxy.config import INLINE_SECRETS, SECTION_KEYS
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    reference = readme[readme.index("### Field reference"):readme.index("### Deploy by hand")]
+    missing = []
+    for section, keys in SECTION_KEYS.items():
+        for key in sorted(keys):
+            field = f"nodes[].{key}" if section == "nodes" else f"{section}.{key}"
+            if f"{section}.{key}" not in INLINE_SECRETS and f"`{field}`" not in reference:
+                missing.append(field)
+    assert missing == []

@@ -409,3 +409,72 @@ def test_serving_map_vacant_can_be_given():
     m = build_serving_map(s, self_id="p1", configured={}, reachable={"p1"}, degraded=True, vacant={"p2"})
     assert m.vacant == {"p2"} and m.degraded
     assert {x.vacant for x in m.stand_ins} == {"p2"}
+
+
+def _racked_fleet():
+    """p1..p3 on rack-1..3, brokers 1..3 on the same racks, each node serving its rack's broker."""
+    nodes = [attrs.evolve(P[i], rack=f"rack-{i}") for i in (1, 2, 3)]
+    brokers = [Broker(i, f"kafka{i}", 9092, rack=f"rack-{i}") for i in (1, 2, 3)]
+    s, _ = run(FleetState(), *(Join(n) for n in nodes), SetBrokers(brokers))
+    s, r = s.apply(MarkUp({"p1", "p2", "p3"}, s.epoch, {1: "p1", 2: "p2", 3: "p3"}))
+    assert r.outcome == APPLIED
+    return s
+
+
+def _settle(s, planner, live, now):
+    for step in range(10):
+        cmd = planner.next_command(s, live, now + step * 0.01)
+        if cmd is None:
+            return s
+        s, r = s.apply(cmd)
+        assert r.outcome == APPLIED, r
+    raise AssertionError("the planner did not settle in 10 commands")
+
+
+def test_planner_returns_identities_to_their_racks_after_drains_and_undrains():
+    """Drain p1 then p2, undrain both: each node serves its own rack's broker again
+    (a balanced table that only swaps racks is not left alone)."""
+    s = _racked_fleet()
+    planner = Planner(rebalance_delay=1.0)
+    live = {"p1", "p2", "p3"}
+    planner.observe(live, 0.0)
+    s = _settle(s.apply(Drain("p1"))[0], planner, live, 2.0)
+    s = _settle(s.apply(Drain("p2"))[0], planner, live, 3.0)
+    assert set(s.owner_map().values()) == {"p3"}
+    s = _settle(s.apply(Undrain("p1"))[0], planner, live, 4.0)
+    s = _settle(s.apply(Undrain("p2"))[0], planner, live, 5.0)
+    assert s.owner_map() == {1: "p1", 2: "p2", 3: "p3"}
+
+
+def test_planner_swaps_racks_home_only_for_nodes_live_long_enough():
+    s = _racked_fleet()
+    s, r = s.apply(Reassign(s.epoch, {1: "p2", 2: "p1", 3: "p3"}))  # balanced, p1 and p2 off-rack
+    assert r.outcome == APPLIED
+    planner = Planner(rebalance_delay=1.0)
+    planner.observe({"p1", "p2", "p3"}, 0.0)
+    assert planner.next_command(s, {"p1", "p2", "p3"}, 0.5) is None  # p1, p2 not live for 1 s yet
+    assert planner.next_command(s, {"p1", "p2", "p3"}, 1.0) == Reassign(s.epoch, {1: "p1", 2: "p2", 3: "p3"})
+
+
+@given(st.data())
+def test_settled_table_keeps_loads_and_only_adds_identities_on_their_racks(data):
+    from membership.planner import settled_table
+    from topology import assign, same_rack
+
+    racks = st.sampled_from(["r1", "r2", "r3", None])
+    nodes = [attrs.evolve(P[i], rack=data.draw(racks)) for i in (1, 2, 3)]
+    brokers = [Broker(i, f"kafka{i}", 9092, rack=data.draw(racks)) for i in range(1, data.draw(st.integers(1, 7)))]
+    current = {b.id: data.draw(st.sampled_from(["p1", "p2", "p3"])) for b in brokers}
+    balanced = assign(brokers, nodes, current)
+    settled = settled_table(brokers, nodes, current)
+
+    def loads(t):
+        return sorted(list(t.values()).count(p) for p in ("p1", "p2", "p3"))
+
+    def home(t):
+        node = {n.id: n for n in nodes}
+        return sum(same_rack(b, node[t[b.id]]) for b in brokers)
+
+    assert loads(settled) == loads(balanced) and set(settled) == set(current)
+    assert home(settled) >= home(balanced)
+    assert settled_table(brokers, nodes, settled) == settled  # nothing left to do once settled

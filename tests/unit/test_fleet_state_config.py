@@ -89,6 +89,16 @@ def test_dict_round_trip():
     with pytest.raises(ConfigError) as exc:
         MemberConfig.from_dict(data)
     assert exc.value.field == "bogus"
+    data = cfg.to_dict()
+    data["suspect_timout"] = 1.0
+    with pytest.raises(ConfigError) as exc:
+        MemberConfig.from_dict(data)
+    assert exc.value.field == "suspect_timout" and "did you mean 'suspect_timeout'?" in str(exc.value)
+    data = cfg.to_dict()
+    data["members"][0]["raft_prot"] = 1
+    with pytest.raises(ConfigError) as exc:
+        MemberConfig.from_dict(data)
+    assert exc.value.field == "members[0].raft_prot" and "did you mean 'raft_port'?" in str(exc.value)
 
 
 def test_heartbeat_codec():

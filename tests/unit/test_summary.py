@@ -258,3 +258,15 @@ def test_max_gap_covers_the_whole_window():
     s = summary.summarize_events(TRACE_A)
     assert s["max_gap_ms"]["aiokafka"] == {"p50": 5800.0, "p99": pytest.approx(5996.0), "max": 6000.0, "n": 2,
                                            "clients": 2}
+
+
+def test_family_outcomes_attribute_lost_to_the_producer_and_duplicated_to_the_reader():
+    from chaos.measures import FamilyOutcome, family_outcomes
+    from tests.spark.traces import small_drill
+
+    assert family_outcomes(small_drill().events) == [
+        FamilyOutcome("aiokafka", 1, 700.0, 700.0, 700.0, lost=1, duplicated=0),  # p1 acked k3, nobody read it
+        FamilyOutcome("java", 1, 700.0, 700.0, 700.0, lost=0, duplicated=1),  # c1 (group g1) read k5 twice
+    ]
+    clean = family_outcomes(small_drill(clean=True).events)
+    assert [(r.family, r.lost, r.duplicated) for r in clean] == [("aiokafka", 0, 0), ("java", 0, 0)]

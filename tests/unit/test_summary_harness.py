@@ -224,3 +224,31 @@ def test_describe_error_flattens_groups_and_keeps_the_head():
     lines = describe_error(group, limit=10).splitlines()
     assert lines[0].startswith("ValueError: xxxxxxxxxx ... (40 more characters) (test_summary_harness.py:")
     assert lines[1].startswith("KeyError: 'k' (test_summary_harness.py:")
+
+
+def test_node_down_is_the_detection_and_precedes_the_commit(tmp_path):
+    """The breakdown on the nodes' own clock: node_down at the leader's peer_down of the victim
+    (even one before the previous poll), assignment_committed at the MarkDown's commit; an older
+    peer_down followed by a peer_up is not this fault's detection."""
+    w = TraceWriter(tmp_path, "fleet", "r1")
+    watcher = ReactionWatcher(fleet=None, trace=w)
+    up = {"p1": True, "p2": True, "p3": True}
+    table = {"1": "p1", "2": "p2", "3": "p3"}
+    watcher.observe(Observation(epoch=5, assignment=table, up=up), baseline=True)
+    base = time.time_ns() - 2_000_000_000  # the events happened in the last two seconds
+    log = (
+        {"event": "peer_down", "node": "p1", "ts_ns": base, "t": 1.0},          # an old flap ...
+        {"event": "peer_up", "node": "p1", "ts_ns": base + 100_000_000, "t": 1.1},  # ... over
+        {"event": "peer_down", "node": "p1", "ts_ns": base + 1_000_000_000, "t": 2.0},  # detected
+    )
+    # A poll between the detection and the commit: the table is unchanged yet.
+    watcher.observe(Observation(epoch=5, assignment=table, up=up, events=log, sent_wall_ns=base + 1_200_000_000))
+    log += ({"event": "committed", "command": "MarkDown", "epoch": 6, "nodes": ["p1"],
+             "ts_ns": base + 1_300_000_000, "t": 2.3},)
+    watcher.observe(Observation(epoch=6, assignment={"1": "p2", "2": "p2", "3": "p3"}, up={**up, "p1": False},
+                                events=log, sent_wall_ns=time.time_ns()))
+    w.close()
+    down, commit = [json.loads(line) for line in (tmp_path / "fleet.jsonl").read_text().splitlines()]
+    assert (down["event"], down["node"], down["epoch"]) == ("node_down", "p1", 6)
+    assert down["ts_ns"] == base + 1_000_000_000
+    assert (commit["event"], commit["epoch"], commit["ts_ns"]) == ("assignment_committed", 6, base + 1_300_000_000)

@@ -57,3 +57,20 @@ def proxy(kafka_cluster, tmp_path_factory, tap_dir):
         yield node
     finally:
         node.stop()
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(tmp_path_factory):
+    """A second, small cluster: one KRaft broker whose listener is SASL_SSL (a CA of its own;
+    PLAIN, SCRAM-SHA-256/512 and OAUTHBEARER), for the TLS and SASL tests. One broker keeps the
+    cost at one JVM (~15 s to start); topics there have replication factor 1."""
+    from chaos.testbed.kafka_cluster import KafkaCluster, free_base_port
+    from chaos.testbed.security import Protocol
+
+    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka-sasl-ssl"), 1, security=Protocol.SASL_SSL,
+                           base_port=free_base_port(1, seed=os.getpid() + 1))
+    cluster.start(timeout=120)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

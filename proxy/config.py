@@ -43,6 +43,8 @@ section (Raft) is optional. Every error names the offending field::
 
     [debug]
     tap_dir = "/tmp/tap"                 # tests only: copy every byte sent to clients here
+
+    [security]                           # TLS and SASL: see proxy.security_config
 """
 
 from __future__ import annotations
@@ -51,12 +53,15 @@ import ipaddress
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
 
 from topology import PortScheme
 from topology import ProxyNode as TopologyNode
+
+if TYPE_CHECKING:
+    from proxy.security_config import SecurityConfig
 
 # Kafka's own default for socket.request.max.bytes: the largest request a broker
 # accepts. A response can be as large as fetch.max.bytes (50 MiB default), so the
@@ -173,6 +178,7 @@ class Config:
     fleet: FleetConfig | None = None
     tap_dir: str | None = None
     source: str = "<memory>"
+    security: SecurityConfig | None = None  # [security] (TLS, the node's SASL login); None: plaintext
 
     def node(self, node_id: str) -> NodeConfig:
         for n in self.nodes:
@@ -282,7 +288,7 @@ def _secret(section: Mapping[str, Any], name: str, path: str, env: Mapping[str, 
 
 def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, source: str = "<memory>") -> Config:
     env = os.environ if env is None else env
-    known = {"upstream", "ports", "nodes", "limits", "logging", "admin", "fleet", "debug"}
+    known = {"upstream", "ports", "nodes", "limits", "logging", "admin", "fleet", "debug", "security"}
     for key in raw:
         if key not in known:
             raise ConfigError(key, f"unknown section (expected one of {sorted(known)})")
@@ -295,8 +301,13 @@ def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, sourc
     fleet = _parse_fleet(_get(raw, "fleet", "fleet", dict), nodes, env) if "fleet" in raw else None
     _check_node_ports(nodes, base, port_map)
     tap_dir = _get(_get(raw, "debug", "debug", dict, {}), "tap_dir", "debug.tap_dir", str, None)
+    security = None
+    if "security" in raw:
+        from proxy.security_config import parse_security  # it builds on this module's helpers
+
+        security = parse_security(_get(raw, "security", "security", dict), env)
     return Config(
-        tap_dir=tap_dir,
+        tap_dir=tap_dir, security=security,
         nodes=nodes, upstream=upstream, refresh_interval_s=refresh, port_base=base, port_map=port_map,
         limits=limits, log_level=level, log_format=fmt, admin_token=token, fleet=fleet, source=source,
     )

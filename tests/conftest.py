@@ -74,3 +74,24 @@ def secure_kafka(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def secure_fleet(secure_kafka, tmp_path_factory):
+    """Three proxy nodes (127.0.0.61-63, a fleet) in front of ``secure_kafka``: TLS toward
+    clients with a certificate from the test bed's CA, TLS and SASL (SCRAM-SHA-512) upstream,
+    clients' SASL passed through. ``secure_fleet.client`` is what a client needs."""
+    from chaos.testbed.fleet import LocalFleet
+
+    sec = secure_kafka.security
+    os.environ.update(sec.proxy_env())  # the node processes inherit the upstream password
+    tap = tmp_path_factory.mktemp("tap-secure")
+    fleet = LocalFleet.up(tmp_path_factory.mktemp("fleet-secure"), proxies=3, kafka_bootstrap=secure_kafka.bootstrap,
+                          first_ip=61, timeout=90,
+                          extra_config={"security": sec.proxy_config(), "debug": {"tap_dir": str(tap)}})
+    fleet.client = sec.proxy_client()  # type: ignore[attr-defined]
+    fleet.tap_dir = tap  # type: ignore[attr-defined]
+    try:
+        yield fleet
+    finally:
+        fleet.down()

@@ -34,6 +34,7 @@ MECHANISMS = ("PLAIN", *SCRAM_MECHANISMS, "OAUTHBEARER")
 DEFAULT_MECHANISM = "SCRAM-SHA-512"
 USER = "kproxy"
 STATE_FILE = "security.json"
+UPSTREAM_PASSWORD_ENV = "KPROXY_UPSTREAM_PASSWORD"
 
 
 class Protocol(enum.Enum):
@@ -76,7 +77,7 @@ class ClientSecurity:
     ca: Path | None = None
     mechanism: str = DEFAULT_MECHANISM
     username: str = USER
-    password: str = ""
+    password: str = attrs.field(default="", repr=False)
     client_cert: CertFiles | None = None
     check_hostname: bool = True
 
@@ -190,8 +191,8 @@ class TestbedSecurity:
 
     protocol: Protocol
     dir: Path
-    password: str
-    ca: Path
+    password: str = attrs.field(repr=False)
+    ca: Path = attrs.field()
     broker: CertFiles
     proxy: CertFiles
     client_cert: CertFiles
@@ -214,7 +215,7 @@ class TestbedSecurity:
         ca_path = d / "ca.pem"
         ca_path.write_bytes(ca.cert_pem.bytes())
         _write_private(d / "ca.key", ca.private_key_pem.bytes())
-        proxy_names = proxy_hosts or tuple(f"127.0.0.{i}" for i in range(11, 31))
+        proxy_names = proxy_hosts or tuple(f"127.0.0.{i}" for i in range(2, 100))  # every test fleet's
         self = cls(protocol=protocol, dir=d, password=secrets.token_urlsafe(18), ca=ca_path,
                    broker=issue(ca, d / "broker", broker_hosts),
                    proxy=issue(ca, d / "proxy", (*proxy_names, "localhost")),
@@ -238,6 +239,35 @@ class TestbedSecurity:
     @property
     def client(self) -> ClientSecurity:
         return ClientSecurity(self.protocol, ca=self.ca if self.protocol.tls else None, password=self.password)
+
+    # ----------------------------------------------------------------- proxies
+    def proxy_config(self, *, listeners: bool = True, mtls: bool = False,
+                     mechanism: str = DEFAULT_MECHANISM) -> dict[str, Any]:
+        """The ``[security]`` section of a fleet in front of these brokers: TLS and the node's own
+        SASL login upstream as the brokers need, TLS toward clients with the proxy certificate
+        (``mtls``: client certificates required, from this CA). The password is read from
+        ``UPSTREAM_PASSWORD_ENV`` (see ``proxy_env``)."""
+        section: dict[str, Any] = {}
+        if listeners:
+            section["listeners"] = {"cert": str(self.proxy.cert), "key": str(self.proxy.key)}
+            if mtls:
+                section["listeners"]["client_ca"] = str(self.ca)
+        if self.protocol.tls:
+            section["upstream"] = {"tls": True, "ca": str(self.ca)}
+        if self.protocol.sasl:
+            section["upstream_sasl"] = {"mechanism": mechanism, "username": USER,
+                                        "password_env": UPSTREAM_PASSWORD_ENV}
+        return section
+
+    def proxy_env(self) -> dict[str, str]:
+        return {UPSTREAM_PASSWORD_ENV: self.password} if self.protocol.sasl else {}
+
+    def proxy_client(self, *, mtls: bool = False) -> ClientSecurity:
+        """What a client needs to reach a fleet configured with ``proxy_config``: TLS with this CA
+        (the proxy certificate is from it), SASL as the brokers want (it passes through)."""
+        protocol = Protocol.SASL_SSL if self.protocol.sasl else Protocol.SSL
+        return ClientSecurity(protocol, ca=self.ca, password=self.password,
+                              client_cert=self.client_cert if mtls else None)
 
     # ----------------------------------------------------------------- brokers
     def broker_props(self, listener: str, *, reauth_ms: int = 0) -> dict[str, Any]:

@@ -186,7 +186,9 @@ class ClientSide(asyncio.BufferedProtocol):
             headers = pair.codec.requests.feed(data)
         except ProtocolError as exc:
             self.registry.metrics.protocol_error("client")
-            log.warning("protocol error from client, closing its connection",
+            # A TLS record starts 0x16 0x03: a client configured for TLS on a plaintext listener.
+            hint = " (a TLS handshake on a plaintext listener)" if bytes(data[:2]) == b"\x16\x03" else ""
+            log.warning("protocol error from client, closing its connection" + hint,
                         extra={"peer": pair.peer, "listener": pair.listener, "reason": str(exc)})
             pair.abort(f"protocol error: {exc}")
             return

@@ -69,6 +69,7 @@ def secure_kafka(tmp_path_factory):
 
     cluster = KafkaCluster(tmp_path_factory.mktemp("kafka-sasl-ssl"), 1, security=Protocol.SASL_SSL,
                            base_port=free_base_port(1, seed=os.getpid() + 1))
+    os.environ.update(cluster.security.proxy_env())  # proxy node processes inherit the upstream password
     cluster.start(timeout=120)
     try:
         yield cluster
@@ -84,7 +85,6 @@ def secure_fleet(secure_kafka, tmp_path_factory):
     from chaos.testbed.fleet import LocalFleet
 
     sec = secure_kafka.security
-    os.environ.update(sec.proxy_env())  # the node processes inherit the upstream password
     tap = tmp_path_factory.mktemp("tap-secure")
     fleet = LocalFleet.up(tmp_path_factory.mktemp("fleet-secure"), proxies=3, kafka_bootstrap=secure_kafka.bootstrap,
                           first_ip=61, timeout=90,

@@ -59,16 +59,22 @@ def proxy(kafka_cluster, tmp_path_factory, tap_dir):
         node.stop()
 
 
+# connections.max.reauth.ms of the secured broker (KIP-368): clients that can re-authenticate do,
+# through the proxy, every few seconds; the others are closed by the broker and reconnect.
+REAUTH_MS = 5000
+
+
 @pytest.fixture(scope="session")
 def secure_kafka(tmp_path_factory):
     """A second, small cluster: one KRaft broker whose listener is SASL_SSL (a CA of its own;
-    PLAIN, SCRAM-SHA-256/512 and OAUTHBEARER), for the TLS and SASL tests. One broker keeps the
+    PLAIN, SCRAM-SHA-256/512 and OAUTHBEARER; re-authentication every REAUTH_MS), for the TLS
+    and SASL tests. One broker keeps the
     cost at one JVM (~15 s to start); topics there have replication factor 1."""
     from chaos.testbed.kafka_cluster import KafkaCluster, free_base_port
     from chaos.testbed.security import Protocol
 
     cluster = KafkaCluster(tmp_path_factory.mktemp("kafka-sasl-ssl"), 1, security=Protocol.SASL_SSL,
-                           base_port=free_base_port(1, seed=os.getpid() + 1))
+                           base_port=free_base_port(1, seed=os.getpid() + 1), reauth_ms=REAUTH_MS)
     os.environ.update(cluster.security.proxy_env())  # proxy node processes inherit the upstream password
     cluster.start(timeout=120)
     try:

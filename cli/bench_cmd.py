@@ -30,16 +30,20 @@ def bench() -> None:
 @click.option("--relay/--no-relay", default=True, show_default=True,
               help="Fetch phases also through a Kafka-unaware splice relay (chaos.bench.relay): the baseline hop. "
                    "Needs the bench's own Kafka (ignored with --bootstrap).")
+@click.option("--security", type=click.Choice(["plaintext", "ssl", "sasl_plaintext", "sasl_ssl"]),
+              default="plaintext", show_default=True,
+              help="The brokers' listener; not plaintext: the proxy speaks TLS to its clients, and no relay arm.")
 @click.option("--json", "as_json", is_flag=True)
 def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_rounds: int | None,
                 fetch_max_version: int | None,
-                splice_min_bytes: int | None, compare_splice: bool, relay: bool, as_json: bool) -> None:
+                splice_min_bytes: int | None, compare_splice: bool, relay: bool, security: str, as_json: bool) -> None:
     """Throughput, CPU/GB, added latency and Metadata rewrite cost: proxy vs direct."""
     from chaos.bench.throughput import run
+    from chaos.testbed.security import Protocol
 
     console = Console(stderr=True)
     results = run(bootstrap, records=records, rounds=rounds, fetch_rounds=fetch_rounds,
-                  fetch_max_version=fetch_max_version,
+                  fetch_max_version=fetch_max_version, security=Protocol.parse(security),
                   splice_min_bytes=splice_min_bytes, compare_splice=compare_splice, relay=relay,
                   progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
     if as_json:

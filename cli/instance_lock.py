@@ -30,14 +30,18 @@ def lock_name(host: str, port: int) -> str:
 class InstanceLock:
     """The held lock; ``release()`` (or the process's exit) lets the next instance start."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, answering: threading.Thread) -> None:
         self._sock = sock
+        self._answering = answering
 
-    def release(self) -> None:
+    def release(self, timeout_s: float = 5.0) -> None:
         try:  # wakes the answering thread's accept(); close alone would leave it holding the socket
             self._sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+        # The name is free only once that thread is out of accept(): wait for it, or a take()
+        # right after this could still find the lock held.
+        self._answering.join(timeout_s)
         self._sock.close()
 
 
@@ -54,8 +58,9 @@ def take(host: str, port: int, about: dict[str, Any]) -> InstanceLock:
         raise InstanceRunning(_refusal(host, port, holder(host, port))) from None
     sock.listen(8)
     line = (json.dumps(about) + "\n").encode()
-    threading.Thread(target=_answer, args=(sock, line), name="kproxy-instance-lock", daemon=True).start()
-    return InstanceLock(sock)
+    answering = threading.Thread(target=_answer, args=(sock, line), name="kproxy-instance-lock", daemon=True)
+    answering.start()
+    return InstanceLock(sock, answering)
 
 
 def holder(host: str, port: int) -> dict[str, Any] | None:

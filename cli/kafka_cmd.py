@@ -10,6 +10,7 @@ import click
 
 from chaos.testbed import KAFKA_BASE_PORT
 
+SECURITY = ("plaintext", "ssl", "sasl_plaintext", "sasl_ssl")
 SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "STOP": signal.SIGSTOP, "CONT": signal.SIGCONT}
 state_dir_option = click.option(
     "--state-dir", required=True, type=click.Path(file_okay=False), help="Directory holding the cluster's state."
@@ -32,23 +33,34 @@ def kafka() -> None:
 @click.option("--base-port", type=click.IntRange(1024, 65000), default=KAFKA_BASE_PORT, show_default=True)
 @click.option("--rack", "racks", multiple=True, help="broker.rack per broker, in id order (repeat).")
 @click.option("--timeout", type=float, default=90.0, show_default=True)
-@click.option("--json", "as_json", is_flag=True, help="Print bootstrap and brokers as JSON.")
-def up(brokers: int, state_dir: str, base_port: int, racks: tuple[str, ...], timeout: float, as_json: bool) -> None:
+@click.option("--security", type=click.Choice(SECURITY), default="plaintext", show_default=True,
+              help="Protocol of the brokers' listener. TLS: a CA and certificates are made in STATE_DIR/security;"
+                   " SASL: PLAIN, SCRAM-SHA-256/512 and OAUTHBEARER (unsecured tokens) for user 'kproxy'.")
+@click.option("--reauth-ms", type=click.IntRange(0), default=0, show_default=True,
+              help="SASL: the brokers' connections.max.reauth.ms (KIP-368); 0: never.")
+@click.option("--json", "as_json", is_flag=True, help="Print bootstrap, brokers and client settings as JSON.")
+def up(brokers: int, state_dir: str, base_port: int, racks: tuple[str, ...], timeout: float, security: str,
+       reauth_ms: int, as_json: bool) -> None:
     """Start BROKERS local brokers and wait until they are all registered."""
     from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError
+    from chaos.testbed.security import Protocol
 
     if racks and len(racks) != brokers:
         raise click.BadParameter(f"{len(racks)} racks for {brokers} brokers", param_hint="--rack")
     try:
-        cluster = KafkaCluster(state_dir, brokers, base_port=base_port, racks=list(racks) or None)
+        cluster = KafkaCluster(state_dir, brokers, base_port=base_port, racks=list(racks) or None,
+                               security=Protocol.parse(security), reauth_ms=reauth_ms)
         cluster.start(timeout=timeout)
     except KafkaError as exc:
         _fail(exc)
     info = cluster.describe()
     if as_json:
         click.echo(json.dumps(info))
-    else:
-        click.echo(",".join(info["bootstrap"]))
+        return
+    click.echo(",".join(info["bootstrap"]))
+    if cluster.security is not None:
+        props = cluster.client_security.java_properties(cluster.security.dir / "client.properties")
+        click.echo(f"client settings (Java properties, password inside, mode 0600): {props}", err=True)
 
 
 @kafka.command()

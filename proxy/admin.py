@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -100,7 +101,10 @@ class AdminHandler(BaseHTTPRequestHandler):
 
 class AdminServer:
     def __init__(self, host: str, port: int, *, token: str | None, status: Callable[[], dict[str, Any]],
-                 metrics: Callable[[], bytes], ready: Callable[[], bool], actions: dict[str, Action]) -> None:
+                 metrics: Callable[[], bytes], ready: Callable[[], bool], actions: dict[str, Action],
+                 ssl_context: ssl.SSLContext | None = None) -> None:
+        """``ssl_context``: serve HTTPS (proxy.tls.admin_context); the handshake runs in the
+        request's thread, not in the accept loop."""
         self.token = token
         self.status = status
         self.metrics = metrics
@@ -112,6 +116,9 @@ class AdminServer:
         except OSError as exc:  # one line naming the listener and its address, not a traceback
             raise OSError(exc.errno, f"admin listener (HTTP) {host}:{port}: {(exc.strerror or str(exc)).lower()}") from None
         self.httpd.daemon_threads = True
+        if ssl_context is not None:
+            self.httpd.socket = ssl_context.wrap_socket(self.httpd.socket, server_side=True,
+                                                        do_handshake_on_connect=False)
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="kproxy-admin", daemon=True)
 
     @property

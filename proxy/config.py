@@ -49,6 +49,8 @@ test keeps it complete)::
 
     [debug]
     tap_dir = "/tmp/tap"                 # tests only: copy every byte sent to clients here
+
+    [security]                           # TLS and SASL: see proxy.security_config
 """
 
 from __future__ import annotations
@@ -57,13 +59,16 @@ import ipaddress
 import os
 import tomllib
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import attrs
 
 from membership.config import unknown_key_message
 from topology import PortScheme
 from topology import ProxyNode as TopologyNode
+
+if TYPE_CHECKING:
+    from proxy.security_config import SecurityConfig
 
 # Kafka's own default for socket.request.max.bytes: the largest request a broker
 # accepts. A response can be as large as fetch.max.bytes (50 MiB default), so the
@@ -184,6 +189,7 @@ class Config:
     fleet: FleetConfig | None = None
     tap_dir: str | None = None
     source: str = "<memory>"
+    security: SecurityConfig | None = None  # [security] (TLS, the node's SASL login); None: plaintext
 
     def node(self, node_id: str) -> NodeConfig:
         for n in self.nodes:
@@ -214,7 +220,7 @@ def proxy_node(config: Config, node_id: str) -> TopologyNode:
 # --------------------------------------------------------------- loading
 # The keys each section accepts. Sections that map onto an attrs class take its field
 # names, so a field added there is accepted here; anything else exits 2 naming the key.
-SECTIONS = ("upstream", "ports", "nodes", "limits", "logging", "admin", "fleet", "debug")
+SECTIONS = ("upstream", "ports", "nodes", "limits", "logging", "admin", "fleet", "debug", "security")
 SECTION_KEYS: dict[str, frozenset[str]] = {
     "upstream": frozenset({"bootstrap", "refresh_interval_s"}),
     "ports": frozenset({"base", "map"}),
@@ -224,10 +230,13 @@ SECTION_KEYS: dict[str, frozenset[str]] = {
     "admin": frozenset({"token_env", "token"}),
     "fleet": frozenset(f.name for f in attrs.fields(FleetConfig)) | {"password_env"},
     "debug": frozenset({"tap_dir"}),
+    # Tables of their own (proxy.security_config checks the keys inside each).
+    "security": frozenset({"listeners", "upstream", "upstream_sasl", "admin"}),
 }
 # Secrets never go in the file (README): a file that holds one is refused, naming the
 # ``*_env`` key to use instead. Only ``parse`` of an in-memory mapping (tests, tools) takes them inline.
-INLINE_SECRETS = {"admin.token": "admin.token_env", "fleet.password": "fleet.password_env"}
+INLINE_SECRETS = {"admin.token": "admin.token_env", "fleet.password": "fleet.password_env",
+                  "security.upstream_sasl.password": "security.upstream_sasl.password_env"}
 
 
 def _check_keys(section: Mapping[str, Any], path: str, known: frozenset[str]) -> None:
@@ -339,8 +348,13 @@ def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, sourc
     fleet = _parse_fleet(_get(raw, "fleet", "fleet", dict), nodes, env, inline_secrets) if "fleet" in raw else None
     _check_node_ports(nodes, base, port_map)
     tap_dir = _get(_get(raw, "debug", "debug", dict, {}), "tap_dir", "debug.tap_dir", str, None)
+    security = None
+    if "security" in raw:
+        from proxy.security_config import parse_security  # it builds on this module's helpers
+
+        security = parse_security(_get(raw, "security", "security", dict), env, inline_secrets)
     return Config(
-        tap_dir=tap_dir,
+        tap_dir=tap_dir, security=security,
         nodes=nodes, upstream=upstream, refresh_interval_s=refresh, port_base=base, port_map=port_map,
         limits=limits, log_level=level, log_format=fmt, admin_token=token, fleet=fleet, source=source,
     )

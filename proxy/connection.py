@@ -34,6 +34,7 @@ from proxy.drain import GROUP_API_KEYS, ConnectionDrain
 from proxy.errors import ProtocolError, RewriteError
 from proxy.splice import AVAILABLE as SPLICE_AVAILABLE
 from proxy.splice import Splice
+from proxy.tls import TLS_ESTABLISHED, TlsEndpoint, describe, start_server_tls
 
 if TYPE_CHECKING:
     from proxy.registry import ConnectionRegistry
@@ -48,7 +49,7 @@ class Pair:
     checks read a plain attribute); ``drain`` exists once a drain started."""
 
     __slots__ = ("registry", "listener", "client", "upstream", "codec", "closed", "draining", "peer", "upstream_addr",
-                 "_pending", "tap", "splice", "group", "drain")
+                 "_pending", "tap", "splice", "group", "drain", "tls")
     _ids = itertools.count()
 
     def __init__(self, registry: ConnectionRegistry, listener: int) -> None:
@@ -66,6 +67,7 @@ class Pair:
         self._pending: list[bytes] | None = None  # copies (read buffers are reused); made if ever needed
         self.splice: Splice | None = None  # a response body being spliced to the client (proxy.splice)
         self.tap: Tap | None = None
+        self.tls = False  # either side is TLS: its bytes are encrypted in user space, never spliced
         if registry.tap_dir:
             self.tap = Tap(f"{registry.tap_dir}/{registry.node_id}-{os.getpid()}-{next(self._ids)}.bin")
 
@@ -118,13 +120,17 @@ class ClientSide(asyncio.BufferedProtocol):
 
     The :class:`Pair` (its codec, its place in the registry) is made once the
     node admitted the connection (proxy.admission): a refused connection costs
-    this object and its transport, closed at once."""
+    this object and its transport, closed at once. On a TLS listener (``tls``)
+    the handshake comes between (proxy.tls.start_server_tls): ``connection_made``
+    is called again with the TLS layer's transport, and the pair is made then."""
 
-    __slots__ = ("registry", "listener", "pair", "_buffers", "_view")
+    __slots__ = ("registry", "listener", "pair", "_buffers", "_view", "tls")
 
-    def __init__(self, registry: ConnectionRegistry, listener: int) -> None:
+    def __init__(self, registry: ConnectionRegistry, listener: int,
+                 tls: TlsEndpoint | object | None = None) -> None:
         self.registry = registry
         self.listener = listener
+        self.tls = tls
         self.pair: Pair | None = None  # made in connection_made, unless the connection is refused
         self._buffers: ReadBuffers = read_buffers()
         self._view: memoryview = self._buffers.view
@@ -132,11 +138,38 @@ class ClientSide(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         registry = self.registry
         peer = transport.get_extra_info("peername")
+        endpoint = self.tls
+        if endpoint is TLS_ESTABLISHED:  # the TLS layer's transport, after the handshake: admitted already
+            self._paired(transport, peer, tls=True)
+            return
         if not registry.admit(peer[0] if peer else "?"):
             transport.abort()  # nothing was read or written: the client sees the connection closed
             return
+        if endpoint is not None:
+            self.tls = TLS_ESTABLISHED
+            handshake = start_server_tls(transport, self, endpoint.context)
+            handshake.add_done_callback(lambda done: self._handshake_done(done, endpoint, transport, peer))
+            return
+        self._paired(transport, peer)
+
+    def _handshake_done(self, done: asyncio.Future[None], endpoint: TlsEndpoint, transport: asyncio.BaseTransport,
+                        peer: tuple[str, int] | None) -> None:
+        """A failed handshake is counted and logged, and closes this connection only."""
+        exc = None if done.cancelled() else done.exception()
+        if exc is None:
+            return
+        reason = endpoint.failures.failed("client", exc)
+        log.log(logging.INFO if reason == "closed" else logging.WARNING,
+                "TLS handshake with a client failed, closing its connection",
+                extra={"peer": f"{peer[0]}:{peer[1]}" if peer else "?", "listener": self.listener,
+                       "reason": reason, "error": describe(exc)})
+        transport.abort()
+
+    def _paired(self, transport: asyncio.BaseTransport, peer: tuple[str, int] | None, tls: bool = False) -> None:
+        registry = self.registry
         pair = self.pair = Pair(registry, self.listener)
-        pair.client = transport
+        pair.tls = tls
+        pair.client = transport  # type: ignore[assignment]
         pair.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         transport.set_write_buffer_limits(high=registry.limits.high_water_bytes)
         transport.pause_reading()  # until the upstream connection is made
@@ -153,7 +186,9 @@ class ClientSide(asyncio.BufferedProtocol):
             headers = pair.codec.requests.feed(data)
         except ProtocolError as exc:
             self.registry.metrics.protocol_error("client")
-            log.warning("protocol error from client, closing its connection",
+            # A TLS record starts 0x16 0x03: a client configured for TLS on a plaintext listener.
+            hint = " (a TLS handshake on a plaintext listener)" if bytes(data[:2]) == b"\x16\x03" else ""
+            log.warning("protocol error from client, closing its connection" + hint,
                         extra={"peer": pair.peer, "listener": pair.listener, "reason": str(exc)})
             pair.abort(f"protocol error: {exc}")
             return
@@ -199,9 +234,10 @@ class UpstreamSide(asyncio.BufferedProtocol):
         self.pair = pair
         self._buffers: ReadBuffers = read_buffers()
         self._view: memoryview = self._buffers.view
-        # The tap records what is written to the client: with it, never splice.
+        # The tap records what is written to the client: with it, never splice. Nor with TLS on
+        # either side: the bytes on one socket are not the bytes on the other.
         limit = pair.registry.limits.splice_min_bytes
-        self._splice_min = limit if SPLICE_AVAILABLE and pair.tap is None else 0
+        self._splice_min = limit if SPLICE_AVAILABLE and pair.tap is None and not pair.tls else 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.set_write_buffer_limits(high=self.pair.registry.limits.high_water_bytes)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from collections.abc import Callable
 
@@ -44,7 +45,9 @@ from proxy.registry import ConnectionRegistry
 from proxy.rewrite import BrokerAddress, ResponseRewriter
 from proxy.status import BrokerRow
 from proxy.takeover import wanted_stand_ins
-from proxy.upstream import UpstreamBroker
+from proxy.tls import HANDSHAKE_TIMEOUT_S, CertificateReloader, HandshakeFailures, TlsEndpoint, describe
+from proxy.tls import listener_context, upstream_context
+from proxy.upstream import PLAINTEXT, UpstreamBroker, UpstreamSecurity
 
 log = logging.getLogger("kproxy.proxy")
 FETCH = 1
@@ -97,19 +100,54 @@ class DataPath:
         self.registry.connect = self._connect_upstream
         self.registry.unstall = self._unstall
         self.registry.owned_here = self._owned_here
+        self._setup_tls(config)
         self.listeners = Listeners(self.node, self.registry, reuse_port=self.takeover_enabled or reuse_port,
-                                   on_bound=self._bound_changed)
-        self.discovery = BrokerDiscovery(config, self.node.host, self.listeners, self.registry)
+                                   on_bound=self._bound_changed, tls=self.listener_tls,
+                                   plaintext=self._plaintext_listeners)
+        self.discovery = BrokerDiscovery(config, self.node.host, self.listeners, self.registry,
+                                         security=self.upstream_security)
         # Upstream connections leave from this node's own address (like a separate host).
         self._source = (self.node.host, 0)
         self.started_at = time.time()
         self.metrics.registry.register(FleetCollector(node_id, self._fleet_sample))
+
+    def _setup_tls(self, config: Config) -> None:
+        """The TLS contexts of ``[security]`` (proxy.tls), or none: plaintext both ways."""
+        security = config.security
+        self.tls_failures = HandshakeFailures(self.metrics.registry, self.node.id)
+        self.listener_tls: TlsEndpoint | None = None
+        self.certificates: CertificateReloader | None = None
+        self._plaintext_listeners: frozenset[int] = frozenset()
+        self.upstream_security: UpstreamSecurity = PLAINTEXT
+        if security is None:
+            return
+        if security.listeners is not None:
+            context = listener_context(security.listeners)
+            self.listener_tls = TlsEndpoint(context, self.tls_failures)
+            self.certificates = CertificateReloader(context, security.listeners.cert, security.listeners.key)
+            self._plaintext_listeners = security.listeners.plaintext
+        tls = upstream_context(security.upstream_tls) if security.upstream_tls is not None else None
+        self.upstream_security = UpstreamSecurity(tls, security.upstream_sasl)
+
+    def reload_certificates(self) -> bool:
+        """SIGHUP: load the listeners' certificate and key again (new handshakes use them)."""
+        return self.certificates.reload() if self.certificates is not None else False
+
+    async def _watch_certificates(self, interval: float) -> None:
+        assert self.certificates is not None
+        while True:
+            await asyncio.sleep(interval)
+            self.certificates.check()
 
     # ----------------------------------------------------------- lifecycle
     async def start(self, discovery_timeout: float = 60.0) -> None:
         await self.discovery.first(discovery_timeout)
         await self.listeners.bind_bootstrap()
         self.registry.spawn(self.discovery.refresh_loop())
+        security = self.config.security
+        if self.certificates is not None and security is not None and security.listeners is not None \
+                and security.listeners.reload_interval_s > 0:
+            self.registry.spawn(self._watch_certificates(security.listeners.reload_interval_s))
         log.info("proxy node serving", extra={"node": self.node.id, "bootstrap": self.bootstrap_address,
                                               "brokers": sorted(self.brokers)})
 
@@ -218,15 +256,28 @@ class DataPath:
     async def _connect_upstream(self, pair: Pair) -> None:
         loop = asyncio.get_running_loop()
         errors = []
+        security = self.upstream_security
+        tls = security.tls
+        if tls is not None:
+            pair.tls = True  # before UpstreamSide is made: it decides on splicing
         for address in self.discovery.upstream_for(pair.listener):
             if pair.closed:
                 return
             try:
                 # asyncio.timeout, not wait_for: no second task per connect (a storm makes thousands).
                 async with asyncio.timeout(self.config.limits.connect_timeout_s):
-                    transport, _ = await loop.create_connection(lambda: UpstreamSide(pair), address.host,
-                                                                address.port, local_addr=self._source)
+                    if tls is None:
+                        transport, _ = await loop.create_connection(lambda: UpstreamSide(pair), address.host,
+                                                                    address.port, local_addr=self._source)
+                    else:
+                        transport, _ = await loop.create_connection(
+                            lambda: UpstreamSide(pair), address.host, address.port, local_addr=self._source,
+                            ssl=tls, server_hostname=address.host, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
             except (OSError, TimeoutError) as exc:
+                if tls is not None and isinstance(exc, ssl.SSLError):
+                    reason = self.tls_failures.failed("broker", exc)
+                    log.warning("TLS handshake with a broker failed", extra={
+                        "broker": f"{address}", "reason": reason, "error": describe(exc)})
                 errors.append(f"{address}: {describe_error(exc)}")
                 continue
             if pair.closed:

@@ -18,14 +18,16 @@ from proxy.config import Config, HostPort
 from proxy.listeners import Listeners
 from proxy.registry import ConnectionRegistry
 from proxy.rewrite import BrokerAddress
-from proxy.upstream import DiscoveryError, UpstreamBroker, discover
+from proxy.upstream import PLAINTEXT, DiscoveryError, UpstreamBroker, UpstreamSecurity, discover
 
 log = logging.getLogger("kproxy.proxy")
 
 
 class BrokerDiscovery:
-    def __init__(self, config: Config, source_host: str, listeners: Listeners, registry: ConnectionRegistry) -> None:
+    def __init__(self, config: Config, source_host: str, listeners: Listeners, registry: ConnectionRegistry,
+                 security: UpstreamSecurity = PLAINTEXT) -> None:
         self.config = config
+        self.security = security
         self.source_host = source_host  # discovery leaves from this node's own address
         self.listeners = listeners
         self.registry = registry
@@ -42,7 +44,7 @@ class BrokerDiscovery:
         while True:
             try:
                 brokers = await discover(self.config.upstream, self.config.limits.connect_timeout_s,
-                                         source=self.source_host)
+                                         source=self.source_host, security=self.security)
                 break
             except DiscoveryError as exc:
                 if time.monotonic() > deadline:
@@ -77,7 +79,7 @@ class BrokerDiscovery:
             try:
                 candidates = [b.address for b in self.brokers.values()] + list(self.config.upstream)
                 await self.learn(await discover(candidates, self.config.limits.connect_timeout_s,
-                                                source=self.source_host))
+                                                source=self.source_host, security=self.security))
             except DiscoveryError as exc:
                 log.warning("upstream refresh failed", extra={"reason": str(exc)})
             except Exception:  # a bug must not end discovery for the node's lifetime

@@ -28,6 +28,7 @@ from proxy.connection import ClientSide
 from proxy.logs import describe_error
 from proxy.registry import ConnectionRegistry
 from proxy.takeover import Bind, Release, TakeoverReconciler
+from proxy.tls import TlsEndpoint
 from topology import ProxyNode
 
 log = logging.getLogger("kproxy.proxy")
@@ -82,8 +83,13 @@ def listen_backlog(wanted: int, cap: int | None) -> int:
 
 class Listeners:
     def __init__(self, node: ProxyNode, registry: ConnectionRegistry, *, reuse_port: bool,
-                 on_bound: Callable[[frozenset[int]], None]) -> None:
+                 on_bound: Callable[[frozenset[int]], None], tls: TlsEndpoint | None = None,
+                 plaintext: frozenset[int] = frozenset()) -> None:
+        """``tls``: every listener but those in ``plaintext`` (BOOTSTRAP or broker ids) speaks TLS,
+        own and stand-in alike (proxy.connection runs the handshake)."""
         self.node = node
+        self.tls = tls
+        self.plaintext = plaintext
         self.registry = registry
         self.reuse_port = reuse_port
         self._on_bound = on_bound  # the set of bound identities changed
@@ -97,7 +103,8 @@ class Listeners:
 
     def _factory(self, listener: int) -> Callable[[], ClientSide]:
         registry = self.registry
-        return lambda: ClientSide(registry, listener)
+        tls = None if listener in self.plaintext else self.tls
+        return lambda: ClientSide(registry, listener, tls)
 
     async def bind_bootstrap(self) -> None:
         if BOOTSTRAP not in self.own:

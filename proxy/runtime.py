@@ -21,6 +21,7 @@ from proxy.admin import AdminServer
 from proxy.config import Config, http_url
 from proxy.datapath import DataPath
 from proxy.status import NodeStatus, node_status
+from proxy.tls import admin_context
 
 GRACEFUL_DRAIN_S = 5.0
 
@@ -107,11 +108,14 @@ class NodeRuntime:
                 self.local.host, self.local.admin_port, token=self.config.admin_token,
                 status=lambda: self.status().to_json(),
                 metrics=self.datapath.metrics.render, ready=self._ready,
-                actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain})
+                actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain},
+                ssl_context=admin_context(self.config.security.admin)
+                if self.config.security is not None and self.config.security.admin is not None else None)
             self.admin.start()
         self.ready = True
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopped.set)
+        self.loop.add_signal_handler(signal.SIGHUP, self.datapath.reload_certificates)  # proxy.tls rotation
         log.info("node ready", extra={"node": self.node_id, "bootstrap": self.datapath.bootstrap_address,
                                       "admin": self.admin.address if self.admin else None})
         try:

@@ -57,3 +57,47 @@ def proxy(kafka_cluster, tmp_path_factory, tap_dir):
         yield node
     finally:
         node.stop()
+
+
+# connections.max.reauth.ms of the secured broker (KIP-368): clients that can re-authenticate do,
+# through the proxy, every few seconds; the others are closed by the broker and reconnect.
+REAUTH_MS = 5000
+
+
+@pytest.fixture(scope="session")
+def secure_kafka(tmp_path_factory):
+    """A second, small cluster: one KRaft broker whose listener is SASL_SSL (a CA of its own;
+    PLAIN, SCRAM-SHA-256/512 and OAUTHBEARER; re-authentication every REAUTH_MS), for the TLS
+    and SASL tests. One broker keeps the
+    cost at one JVM (~15 s to start); topics there have replication factor 1."""
+    from chaos.testbed.kafka_cluster import KafkaCluster, free_base_port
+    from chaos.testbed.security import Protocol
+
+    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka-sasl-ssl"), 1, security=Protocol.SASL_SSL,
+                           base_port=free_base_port(1, seed=os.getpid() + 1), reauth_ms=REAUTH_MS)
+    os.environ.update(cluster.security.proxy_env())  # proxy node processes inherit the upstream password
+    cluster.start(timeout=120)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def secure_fleet(secure_kafka, tmp_path_factory):
+    """Three proxy nodes (127.0.0.61-63, a fleet) in front of ``secure_kafka``: TLS toward
+    clients with a certificate from the test bed's CA, TLS and SASL (SCRAM-SHA-512) upstream,
+    clients' SASL passed through. ``secure_fleet.client`` is what a client needs."""
+    from chaos.testbed.fleet import LocalFleet
+
+    sec = secure_kafka.security
+    tap = tmp_path_factory.mktemp("tap-secure")
+    fleet = LocalFleet.up(tmp_path_factory.mktemp("fleet-secure"), proxies=3, kafka_bootstrap=secure_kafka.bootstrap,
+                          first_ip=61, timeout=90,
+                          extra_config={"security": sec.proxy_config(), "debug": {"tap_dir": str(tap)}})
+    fleet.client = sec.proxy_client()  # type: ignore[attr-defined]
+    fleet.tap_dir = tap  # type: ignore[attr-defined]
+    try:
+        yield fleet
+    finally:
+        fleet.down()

@@ -53,6 +53,7 @@ import psutil
 from chaos.clients.batch import kafka_tool
 from chaos.testbed.kafka_cluster import KafkaCluster, free_base_port, port_free
 from chaos.testbed.proxies import NodeProcess, fleet_config
+from chaos.testbed.security import ClientSecurity, Protocol
 
 _PRODUCER_SUMMARY = re.compile(
     r"(\d+) records sent, ([\d.]+) records/sec \(([\d.]+) MB/sec\), ([\d.]+) ms avg latency, ([\d.]+) ms max latency,"
@@ -60,11 +61,13 @@ _PRODUCER_SUMMARY = re.compile(
 
 
 def producer_perf(bootstrap: str, topic: str, records: int, size: int, throughput: int = -1,
-                  props: dict[str, Any] | None = None) -> dict[str, float]:
+                  props: dict[str, Any] | None = None, config: Path | None = None) -> dict[str, float]:
+    """``config``: a properties file (the client's security: a JAAS line does not fit ``--producer-props``)."""
     base = {"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": "true", "linger.ms": 5}
     base.update(props or {})
+    extra = ["--producer.config", str(config)] if config is not None else []
     out = kafka_tool("org.apache.kafka.tools.ProducerPerformance", "--topic", topic, "--num-records", str(records),
-                     "--record-size", str(size), "--throughput", str(throughput), "--producer-props",
+                     "--record-size", str(size), "--throughput", str(throughput), *extra, "--producer-props",
                      *[f"{k}={v}" for k, v in base.items()], timeout=600).stdout
     m = None
     for m in _PRODUCER_SUMMARY.finditer(out):
@@ -75,12 +78,15 @@ def producer_perf(bootstrap: str, topic: str, records: int, size: int, throughpu
             "p50_ms": float(m.group(6)), "p99_ms": float(m.group(8))}
 
 
-def consumer_perf(bootstrap: str, topic: str, records: int, *, include: str | None = None) -> dict[str, float]:
-    """Consume ``records`` from ``topic`` (or every topic matching the regex ``include``)."""
+def consumer_perf(bootstrap: str, topic: str, records: int, *, include: str | None = None,
+                  command_config: Path | None = None) -> dict[str, float]:
+    """Consume ``records`` from ``topic`` (or every topic matching the regex ``include``);
+    ``command_config``: the client's security properties (chaos.testbed.security)."""
     which = ["--include", include] if include is not None else ["--topic", topic]
+    config = ["--command-config", str(command_config)] if command_config is not None else []
     out = kafka_tool("org.apache.kafka.tools.ConsumerPerformance", "--bootstrap-server", bootstrap, *which,
                      "--num-records", str(records), "--timeout", "60000", "--group", f"bench-{uuid.uuid4().hex[:8]}",
-                     "--command-property", "auto.offset.reset=earliest", timeout=600).stdout
+                     "--command-property", "auto.offset.reset=earliest", *config, timeout=600).stdout
     lines = [line for line in out.splitlines() if line.strip()]
     header_idx = next(i for i, line in enumerate(lines) if line.startswith("start.time"))
     names = [c.strip() for c in lines[header_idx].split(",")]
@@ -327,16 +333,36 @@ class _Bench:
         self.phases: _Phases | None = None
         self.nosplice_phases: _Phases | None = None
         self.results: dict[str, Any] = {}
+        # Per arm: the Java client properties file of its security (None: plaintext).
+        self.configs: dict[str, Path | None] = {"direct": None, "proxy": None}
 
-    def start_brokers(self, bootstrap: str | None, relay: bool) -> bool:
-        """A local 3-broker Kafka unless given ``bootstrap``; returns whether the relay arm runs."""
+    def _secure(self, arm: str, client: ClientSecurity) -> None:
+        self.configs[arm] = client.java_properties(self.tmp / f"{arm}-client.properties")
+
+    def _topic(self, name: str) -> None:
+        config = ["--command-config", str(self.configs["direct"])] if self.configs["direct"] else []
+        kafka_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", self.bootstrap, "--create",
+                   "--topic", name, "--partitions", "6", "--replication-factor", "3", *config)
+
+    def start_brokers(self, bootstrap: str | None, relay: bool, security: Protocol = Protocol.PLAINTEXT) -> bool:
+        """A local 3-broker Kafka unless given ``bootstrap``; returns whether the relay arm runs.
+        ``security``: the brokers' listener (its own CA and users); the proxy then speaks TLS to
+        its clients and the brokers' protocol upstream, and the relay arm (plaintext) is left out."""
         relay_ip = ".".join(self.proxy_ip.split(".")[:3] + [str(int(self.proxy_ip.split(".")[-1]) + 2)])
+        if security is not Protocol.PLAINTEXT:
+            if bootstrap is not None:
+                raise ValueError("--security needs the bench's own Kafka (not --bootstrap)")
+            relay = False
         if bootstrap is None:
             base = free_base_port(3)
-            self.progress("starting a local 3-broker Kafka")
-            self.cluster = KafkaCluster(self.tmp / "kafka", 3, base_port=base,
+            self.progress(f"starting a local 3-broker Kafka ({security.value})")
+            self.cluster = KafkaCluster(self.tmp / "kafka", 3, base_port=base, security=security,
                                         relay_host=relay_ip if relay else None).start()
             bootstrap = self.cluster.bootstrap_servers
+            if self.cluster.security is not None:
+                self._secure("direct", self.cluster.client_security)
+                self._secure("proxy", self.cluster.security.proxy_client())
+                os.environ.update(self.cluster.security.proxy_env())  # the proxy's own login upstream
         elif relay:
             self.progress("no relay baseline with --bootstrap (it needs brokers that advertise the relay)")
             relay = False
@@ -352,8 +378,11 @@ class _Bench:
             self.relay_ps = psutil.Process(self.relay.pid)
         first_ip = int(self.proxy_ip.split(".")[-1])
         brokers = self.bootstrap.split(",")
+        extra: dict[str, Any] = {"limits": limits} if limits else {}
+        if self.cluster is not None and self.cluster.security is not None:
+            extra["security"] = self.cluster.security.proxy_config()
         cfg = fleet_config(self.tmp / "fleet.toml", brokers, 1, first_ip=first_ip,
-                           fleet=False, log_format="json", extra={"limits": limits} if limits else None)
+                           fleet=False, log_format="json", extra=extra or None)
         self.node = NodeProcess(cfg, "p1", self.proxy_ip, 9400, self.tmp / "p1.log").start()
         self.node.wait_ready(60)
         self.phases = _Phases(_ProxyMeter(self.node), self.machine)
@@ -373,14 +402,15 @@ class _Bench:
         suffix = uuid.uuid4().hex[:6]
         topics = {"direct": f"bench-{name}-direct-{suffix}", "proxy": f"bench-{name}-proxy-{suffix}"}
         for t in topics.values():
-            kafka_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", bootstrap, "--create",
-                       "--topic", t, "--partitions", "6", "--replication-factor", "3")
+            self._topic(t)
         self.progress(f"produce throughput, {name}")
+        configs = self.configs
         d, p = _alternate(
             self.rounds,
-            lambda: phases.direct(lambda: producer_perf(bootstrap, topics["direct"], records, 1024, props=props)),
+            lambda: phases.direct(lambda: producer_perf(bootstrap, topics["direct"], records, 1024, props=props,
+                                                        config=configs["direct"])),
             lambda: phases.proxied(f"produce_{short}", lambda: producer_perf(
-                self.proxied_bs, topics["proxy"], records, 1024, props=props)))
+                self.proxied_bs, topics["proxy"], records, 1024, props=props, config=configs["proxy"])))
         self.results[f"produce_{name}"] = {"direct_mb_s": [r["mb_per_s"] for r in d],
                                            "proxy_mb_s": [r["mb_per_s"] for r in p]}
         self._fetch(name, short, suffix)
@@ -393,8 +423,8 @@ class _Bench:
         include = f"bench-{name}-(direct|proxy)-{suffix}"
         total = 2 * self.records * self.rounds
 
-        def read_via(bootstrap: str) -> Callable[[], dict]:
-            return lambda: consumer_perf(bootstrap, "", total, include=include)
+        def read_via(bootstrap: str, arm: str = "proxy") -> Callable[[], dict]:
+            return lambda: consumer_perf(bootstrap, "", total, include=include, command_config=self.configs[arm])
 
         others: dict[str, Callable[[], dict]] = {"proxy": lambda: phases.proxied(phase, read_via(self.proxied_bs))}
         nosplice_phases, relay, relay_ps = self.nosplice_phases, self.relay, self.relay_ps
@@ -402,7 +432,8 @@ class _Bench:
             others["nosplice"] = lambda: nosplice_phases.proxied(phase, read_via(f"{self.proxy_ip}:9093"))
         if relay is not None:
             others["relay"] = lambda: self.machine.run(phase, "relay", read_via(relay.bootstrap), hop=relay_ps)
-        d, arms = _alternate_arms(self.fetch_rounds, lambda: phases.direct(read_via(self.bootstrap), phase=phase),
+        d, arms = _alternate_arms(self.fetch_rounds,
+                                  lambda: phases.direct(read_via(self.bootstrap, "direct"), phase=phase),
                                   others)
         if nosplice_phases is not None:
             self.results[f"fetch_{name}_nosplice"] = {"proxy_mb_s": [r["mb_per_s"] for r in arms["nosplice"]]}
@@ -415,11 +446,12 @@ class _Bench:
         """Produce runs at a fixed, modest rate, direct and proxied: their latency summaries."""
         self.progress("produce latency at 2,000 records/s")
         lat_topic = f"bench-latency-{uuid.uuid4().hex[:6]}"
-        kafka_tool("org.apache.kafka.tools.TopicCommand", "--bootstrap-server", self.bootstrap, "--create",
-                   "--topic", lat_topic, "--partitions", "6", "--replication-factor", "3")
+        self._topic(lat_topic)
         return _alternate(self.rounds,
-                          lambda: producer_perf(self.bootstrap, lat_topic, 20_000, 1024, throughput=2000),
-                          lambda: producer_perf(self.proxied_bs, lat_topic, 20_000, 1024, throughput=2000))
+                          lambda: producer_perf(self.bootstrap, lat_topic, 20_000, 1024, throughput=2000,
+                                                config=self.configs["direct"]),
+                          lambda: producer_perf(self.proxied_bs, lat_topic, 20_000, 1024, throughput=2000,
+                                                config=self.configs["proxy"]))
 
     def stop_proxies(self) -> None:
         """After the last run: what the proxy spliced, then both proxies stopped."""
@@ -482,7 +514,7 @@ class _Bench:
 def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2, fetch_rounds: int | None = None,
         partitions: tuple[int, ...] = (100, 1000, 10_000, 50_000), progress: Callable[[str], None] = print,
         proxy_ip: str = "127.0.0.31", fetch_max_version: int | None = None, splice_min_bytes: int | None = None,
-        compare_splice: bool = False, relay: bool = True) -> dict[str, Any]:
+        compare_splice: bool = False, relay: bool = True, security: Protocol = Protocol.PLAINTEXT) -> dict[str, Any]:
     from chaos.bench.rewrite import bench_metadata_rewrite
 
     fetch_rounds = fetch_rounds or 2 * rounds
@@ -496,12 +528,13 @@ def run(bootstrap: str | None = None, *, records: int = 200_000, rounds: int = 2
     with tempfile.TemporaryDirectory(prefix="kproxy-bench-") as tmp:
         bench = _Bench(Path(tmp), records=records, rounds=rounds, fetch_rounds=fetch_rounds, proxy_ip=proxy_ip,
                        progress=progress)
-        relay = bench.start_brokers(bootstrap, relay)
+        relay = bench.start_brokers(bootstrap, relay, security)
         try:
             bench.start_arms(relay, limits, compare_splice)
             bench.results.update({"records": records, "record_bytes": 1024, "rounds": rounds,
                                   "fetch_rounds": fetch_rounds, "fetch_records_per_run": 2 * records * rounds,
                                   "fetch_max_version": fetch_max_version or "default",
+                                  "security": security.value,
                                   "splice_min_bytes": "default" if splice_min_bytes is None else splice_min_bytes})
             for name, short, props in _BATCHINGS:
                 bench.batching(name, short, props)

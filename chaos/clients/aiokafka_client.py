@@ -10,18 +10,21 @@ from typing import Any
 
 from chaos.clients.batch import Ack, Consumed, values
 from chaos.clients.paced import CommitRetry, ConsumerTrace, Pacer, ProducerTrace, Stop, is_instance, record_value, wire_key
+from chaos.testbed.security import ClientSecurity, client_settings
 from chaos.clients.settings import FLUSH_TIMEOUT_S, POLL_TIMEOUT_S, SETTINGS
 
 log = logging.getLogger("kproxy.workloads")
 
 
 # ------------------------------------------------------------------ batch
-def produce(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout: float) -> list[Ack]:
+def produce(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout: float,
+            security: ClientSecurity | None = None) -> list[Ack]:
     from aiokafka import AIOKafkaProducer
 
     async def run() -> list[Ack]:
         producer = AIOKafkaProducer(bootstrap_servers=bs, acks="all", enable_idempotence=idempotent,
-                                    request_timeout_ms=int(timeout * 1000))
+                                    request_timeout_ms=int(timeout * 1000),
+                                    **client_settings(security, "aiokafka"))
         await producer.start()
         try:
             futs = [await producer.send(topic, key=str(i).encode(), value=v.encode())
@@ -34,12 +37,13 @@ def produce(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout:
     return asyncio.run(run())
 
 
-def consume(bs: str, topic: str, group: str, n: int, timeout: float) -> list[Consumed]:
+def consume(bs: str, topic: str, group: str, n: int, timeout: float,
+            security: ClientSecurity | None = None) -> list[Consumed]:
     from aiokafka import AIOKafkaConsumer
 
     async def run() -> list[Consumed]:
         consumer = AIOKafkaConsumer(topic, bootstrap_servers=bs, group_id=group, auto_offset_reset="earliest",
-                                    enable_auto_commit=False)
+                                    enable_auto_commit=False, **client_settings(security, "aiokafka"))
         await consumer.start()
         out: list[Consumed] = []
         deadline = time.monotonic() + timeout
@@ -58,11 +62,13 @@ def consume(bs: str, topic: str, group: str, n: int, timeout: float) -> list[Con
     return asyncio.run(run())
 
 
-def transactional_produce(bs: str, topic: str, tid: str, n: int, prefix: int, commit: bool, timeout: float) -> None:
+def transactional_produce(bs: str, topic: str, tid: str, n: int, prefix: int, commit: bool, timeout: float,
+                          security: ClientSecurity | None = None) -> None:
     from aiokafka import AIOKafkaProducer
 
     async def run() -> None:
-        producer = AIOKafkaProducer(bootstrap_servers=bs, transactional_id=tid, enable_idempotence=True)
+        producer = AIOKafkaProducer(bootstrap_servers=bs, transactional_id=tid, enable_idempotence=True,
+                                    **client_settings(security, "aiokafka"))
         await producer.start()
         try:
             await producer.begin_transaction()

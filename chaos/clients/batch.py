@@ -17,6 +17,7 @@ import attrs
 
 from chaos.clients import FAMILIES, adapter  # noqa: F401  (FAMILIES: the families this face serves)
 from chaos.testbed.kafka_cluster import java_tool_cmd
+from chaos.testbed.security import ClientSecurity
 
 
 class ClientError(RuntimeError):
@@ -49,9 +50,10 @@ def _bootstrap(servers: str | Iterable[str]) -> str:
 
 # ------------------------------------------------------------------ produce
 def produce(family: str, bootstrap: str | Iterable[str], topic: str, n: int, prefix: int,
-            *, idempotent: bool = True, timeout: float = 60.0) -> list[Ack]:
-    """Produce ``n`` records with acks=all (idempotent where the client can); return the acks."""
-    acks = adapter(family).produce(_bootstrap(bootstrap), topic, n, prefix, idempotent, timeout)
+            *, idempotent: bool = True, timeout: float = 60.0, security: ClientSecurity | None = None) -> list[Ack]:
+    """Produce ``n`` records with acks=all (idempotent where the client can); return the acks.
+    ``security``: TLS/SASL settings (chaos.testbed.security), none for plaintext."""
+    acks = adapter(family).produce(_bootstrap(bootstrap), topic, n, prefix, idempotent, timeout, security=security)
     if len(acks) != n:
         raise ClientError(f"{family}: {len(acks)} of {n} records acknowledged")
     return acks
@@ -59,9 +61,9 @@ def produce(family: str, bootstrap: str | Iterable[str], topic: str, n: int, pre
 
 # ------------------------------------------------------------------ consume
 def consume(family: str, bootstrap: str | Iterable[str], topic: str, group: str, n: int,
-            *, timeout: float = 60.0) -> list[Consumed]:
+            *, timeout: float = 60.0, security: ClientSecurity | None = None) -> list[Consumed]:
     """Consume from the earliest offset in consumer group ``group`` until ``n`` records, committing."""
-    got = adapter(family).consume(_bootstrap(bootstrap), topic, group, n, timeout)
+    got = adapter(family).consume(_bootstrap(bootstrap), topic, group, n, timeout, security=security)
     if len(got) < n:
         raise ClientError(f"{family}: consumed {len(got)} of {n} records within {timeout}s")
     return got
@@ -107,7 +109,8 @@ def consumer_groups_describe(bootstrap: str | Iterable[str], group: str) -> str:
 
 # ------------------------------------------------------------- transactions
 def transactional_produce(family: str, bootstrap: str | Iterable[str], topic: str, n: int, prefix: int,
-                          *, commit: bool = True, timeout: float = 60.0) -> None:
+                          *, commit: bool = True, timeout: float = 60.0,
+                          security: ClientSecurity | None = None) -> None:
     """Produce ``n`` records in one transaction, then commit (or abort) it.
 
     For ``java`` the records come from partition 0 of ``topic + "-in"`` (which
@@ -115,11 +118,12 @@ def transactional_produce(family: str, bootstrap: str | Iterable[str], topic: st
     TransactionalMessageCopier (consume-transform-produce with sendOffsetsToTransaction).
     """
     tid = f"tx-{family}-{topic}-{prefix}"
-    adapter(family).transactional_produce(_bootstrap(bootstrap), topic, tid, n, prefix, commit, timeout)
+    adapter(family).transactional_produce(_bootstrap(bootstrap), topic, tid, n, prefix, commit, timeout,
+                                          security=security)
 
 
 def consume_committed(bootstrap: str | Iterable[str], topic: str, group: str, n: int,
-                      timeout: float = 60.0) -> list[Consumed]:
+                      timeout: float = 60.0, security: ClientSecurity | None = None) -> list[Consumed]:
     """Read with isolation.level=read_committed (confluent) until ``n`` records or ``timeout``."""
     return adapter("confluent").consume(_bootstrap(bootstrap), topic, group, n, timeout,
-                                        isolation="read_committed", commit=False)
+                                        isolation="read_committed", commit=False, security=security)

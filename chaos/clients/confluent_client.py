@@ -11,17 +11,19 @@ from typing import Any
 
 from chaos.clients.batch import Ack, ClientError, Consumed, values
 from chaos.clients.paced import ConsumerTrace, Pacer, ProducerTrace, Stop, commit_with_retry, record_value, wire_key
+from chaos.testbed.security import ClientSecurity, client_settings
 from chaos.clients.settings import FLUSH_TIMEOUT_S, POLL_TIMEOUT_S, SETTINGS
 
 log = logging.getLogger("kproxy.workloads")
 
 
 # ------------------------------------------------------------------ batch
-def produce(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout: float) -> list[Ack]:
+def produce(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout: float,
+            security: ClientSecurity | None = None) -> list[Ack]:
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bs, "acks": "all", "enable.idempotence": idempotent, "log_level": 2,
-                         "message.timeout.ms": int(timeout * 1000)})
+                         "message.timeout.ms": int(timeout * 1000), **client_settings(security, "confluent")})
     acks: list[Ack] = []
     errors: list[str] = []
 
@@ -41,11 +43,13 @@ def produce(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout:
 
 
 def consume(bs: str, topic: str, group: str, n: int, timeout: float,
-                       isolation: str = "read_uncommitted", commit: bool = True) -> list[Consumed]:
+            isolation: str = "read_uncommitted", commit: bool = True,
+            security: ClientSecurity | None = None) -> list[Consumed]:
     from confluent_kafka import Consumer
 
     consumer = Consumer({"bootstrap.servers": bs, "group.id": group, "auto.offset.reset": "earliest", "log_level": 2,
-                         "enable.auto.commit": False, "isolation.level": isolation})
+                         "enable.auto.commit": False, "isolation.level": isolation,
+                         **client_settings(security, "confluent")})
     consumer.subscribe([topic])
     out: list[Consumed] = []
     deadline = time.monotonic() + timeout
@@ -62,10 +66,12 @@ def consume(bs: str, topic: str, group: str, n: int, timeout: float,
     return out
 
 
-def transactional_produce(bs: str, topic: str, tid: str, n: int, prefix: int, commit: bool, timeout: float) -> None:
+def transactional_produce(bs: str, topic: str, tid: str, n: int, prefix: int, commit: bool, timeout: float,
+                          security: ClientSecurity | None = None) -> None:
     from confluent_kafka import Producer
 
-    producer = Producer({"bootstrap.servers": bs, "transactional.id": tid, "log_level": 2})
+    producer = Producer({"bootstrap.servers": bs, "transactional.id": tid, "log_level": 2,
+                         **client_settings(security, "confluent")})
     producer.init_transactions(timeout)
     producer.begin_transaction()
     for i, v in enumerate(values(prefix, n)):

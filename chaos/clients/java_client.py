@@ -19,6 +19,7 @@ from typing import Any
 
 from chaos.clients.batch import Ack, ClientError, Consumed, run_json_tool
 from chaos.clients.paced import ConsumerTrace, ProducerTrace, Stop, parse_value
+from chaos.testbed.security import ClientSecurity, client_settings
 from chaos.clients.settings import JVM_EXIT_TIMEOUT_S, KEY_SPREAD, SESSION_TIMEOUT_MS, SETTINGS
 from chaos.testbed.kafka_cluster import java_tool_cmd
 from chaos.testbed.process import die_with_parent, signal_if_running
@@ -27,7 +28,8 @@ log = logging.getLogger("kproxy.workloads")
 
 
 # ------------------------------------------------------------------ batch
-def produce(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout: float) -> list[Ack]:
+def produce(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout: float,
+            security: ClientSecurity | None = None) -> list[Ack]:
     with tempfile.NamedTemporaryFile("w", suffix=".properties", delete=False) as cfg:
         cfg.write(f"enable.idempotence={'true' if idempotent else 'false'}\n")
         delivery_ms = int(timeout * 1000)
@@ -35,6 +37,7 @@ def produce(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout:
         cfg.write(f"request.timeout.ms={min(30000, delivery_ms // 2)}\n")
         # The VerifiableProducer sets retries=0 unless told otherwise; idempotence needs retries.
         cfg.write("retries=2147483647\nmax.in.flight.requests.per.connection=5\n")
+        cfg.write("".join(f"{k}={v}\n" for k, v in client_settings(security, "java").items()))
     cmd = java_tool_cmd("org.apache.kafka.tools.VerifiableProducer", "--bootstrap-server", bs, "--topic", topic,
                         "--max-messages", str(n), "--acks", "-1", "--value-prefix", str(prefix),
                         "--repeating-keys", str(max(n, 1)), "--producer.config", cfg.name)
@@ -47,20 +50,25 @@ def produce(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout:
     return acks
 
 
-def consume(bs: str, topic: str, group: str, n: int, timeout: float) -> list[Consumed]:
+def consume(bs: str, topic: str, group: str, n: int, timeout: float,
+            security: ClientSecurity | None = None) -> list[Consumed]:
     cmd = java_tool_cmd("org.apache.kafka.tools.VerifiableConsumer", "--bootstrap-server", bs, "--topic", topic,
-                        "--group-id", group, "--max-messages", str(n), "--verbose", "--reset-policy", "earliest")
+                        "--group-id", group, "--max-messages", str(n), "--verbose", "--reset-policy", "earliest",
+                        *_config_args("--consumer.config", security))
     events = run_json_tool(cmd, timeout + 30)
     return [Consumed(e.get("key"), e["value"], e["partition"], e["offset"])
             for e in events if e.get("name") == "record_data"]
 
 
-def transactional_produce(bs: str, topic: str, tid: str, n: int, prefix: int, commit: bool, timeout: float) -> None:
+def transactional_produce(bs: str, topic: str, tid: str, n: int, prefix: int, commit: bool, timeout: float,
+                          security: ClientSecurity | None = None) -> None:
     """The records come from partition 0 of ``topic + "-in"`` (which must hold at least ``n``
     records), copied by Kafka's own TransactionalMessageCopier (consume-transform-produce with
     sendOffsetsToTransaction)."""
     if not commit:
         raise ClientError("java: TransactionalMessageCopier only commits")
+    if client_settings(security, "java"):
+        raise ClientError("java: TransactionalMessageCopier takes no client config file (no TLS/SASL)")
     cmd = java_tool_cmd("org.apache.kafka.tools.TransactionalMessageCopier", "--broker-list", bs,
                         "--input-topic", f"{topic}-in", "--input-partition", "0", "--output-topic", topic,
                         "--transactional-id", tid, "--consumer-group", f"{tid}-group",
@@ -69,6 +77,12 @@ def transactional_produce(bs: str, topic: str, tid: str, n: int, prefix: int, co
     done = [e for e in events if e.get("remaining") == 0 or e.get("message") == "ShutdownComplete"]
     if not done and not any(e.get("transactionsCompleted", 0) for e in events):
         raise ClientError(f"java: copier did not finish: {events[-3:]}")
+
+
+def _config_args(option: str, security: ClientSecurity | None) -> list[str]:
+    """``[option, file]`` with the client properties of ``security``; nothing for plaintext."""
+    settings = client_settings(security, "java")
+    return [option, str(_java_props(settings))] if settings else []
 
 
 # ------------------------------------------------------------------ paced

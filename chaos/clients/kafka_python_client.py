@@ -7,15 +7,17 @@ import time
 
 from chaos.clients.batch import Ack, Consumed, values
 from chaos.clients.paced import ConsumerTrace, Pacer, ProducerTrace, Stop, commit_with_retry, is_instance, record_value, wire_key
+from chaos.testbed.security import ClientSecurity, client_settings
 from chaos.clients.settings import FLUSH_TIMEOUT_S, POLL_TIMEOUT_S, SETTINGS, TOPIC_WAIT_S
 
 
 # ------------------------------------------------------------------ batch
-def produce(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout: float) -> list[Ack]:
+def produce(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout: float,
+            security: ClientSecurity | None = None) -> list[Ack]:
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=bs.split(","), acks="all", enable_idempotence=idempotent,
-                             request_timeout_ms=int(timeout * 1000))
+                             request_timeout_ms=int(timeout * 1000), **client_settings(security, "kafka-python"))
     try:
         futs = [(i, v, producer.send(topic, key=str(i).encode(), value=v.encode()))
                 for i, v in enumerate(values(prefix, n))]
@@ -29,11 +31,13 @@ def produce(bs: str, topic: str, n: int, prefix: int, idempotent: bool, timeout:
         producer.close(timeout=10)
 
 
-def consume(bs: str, topic: str, group: str, n: int, timeout: float) -> list[Consumed]:
+def consume(bs: str, topic: str, group: str, n: int, timeout: float,
+            security: ClientSecurity | None = None) -> list[Consumed]:
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(topic, bootstrap_servers=bs.split(","), group_id=group,
-                             auto_offset_reset="earliest", enable_auto_commit=False)
+                             auto_offset_reset="earliest", enable_auto_commit=False,
+                             **client_settings(security, "kafka-python"))
     out: list[Consumed] = []
     deadline = time.monotonic() + timeout
     try:
@@ -49,10 +53,12 @@ def consume(bs: str, topic: str, group: str, n: int, timeout: float) -> list[Con
     return out
 
 
-def transactional_produce(bs: str, topic: str, tid: str, n: int, prefix: int, commit: bool, timeout: float) -> None:
+def transactional_produce(bs: str, topic: str, tid: str, n: int, prefix: int, commit: bool, timeout: float,
+                          security: ClientSecurity | None = None) -> None:
     from kafka import KafkaProducer
 
-    producer = KafkaProducer(bootstrap_servers=bs.split(","), transactional_id=tid, enable_idempotence=True)
+    producer = KafkaProducer(bootstrap_servers=bs.split(","), transactional_id=tid, enable_idempotence=True,
+                             **client_settings(security, "kafka-python"))
     try:
         producer.init_transactions()
         producer.begin_transaction()

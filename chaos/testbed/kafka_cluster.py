@@ -35,6 +35,7 @@ import attrs
 import psutil
 
 from chaos.testbed import KAFKA_BASE_PORT
+from chaos.testbed.security import ClientSecurity, Protocol, TestbedSecurity
 
 REPO = Path(__file__).resolve().parents[2]
 KAFKA_DIR = REPO / "chaos" / "kafka"
@@ -212,8 +213,13 @@ class KafkaCluster:
         racks: list[str] | None = None,
         relay_host: str | None = None,
         exec_prefix: tuple[str, ...] = (),
+        security: Protocol = Protocol.PLAINTEXT,
+        reauth_ms: int = 0,
     ) -> None:
-        """``relay_host``: also give each broker a second listener, RELAY, on ``host:port+200``
+        """``security``: the protocol of the brokers' client (and inter-broker) listener; its CA,
+        certificates and SASL users are made under ``state_dir/security`` (chaos.testbed.security).
+        ``reauth_ms``: the brokers' ``connections.max.reauth.ms`` (KIP-368) with SASL.
+        ``relay_host``: also give each broker a second listener, RELAY, on ``host:port+200``
         advertised at ``relay_host:port+200``, for a relay in front of it (chaos.bench.relay: the
         bench's baseline hop). A client that bootstraps through the relay is then told the
         relay's addresses; the PLAINTEXT listener and its clients are unchanged.
@@ -225,6 +231,12 @@ class KafkaCluster:
             raise KafkaError(f"racks: {len(racks)} given for {brokers} brokers")
         self.state_dir = Path(state_dir).resolve()
         self.host = host
+        self.protocol = security
+        self.reauth_ms = reauth_ms
+        self.security: TestbedSecurity | None = None
+        if security is not Protocol.PLAINTEXT:
+            self.security = TestbedSecurity.create(self.state_dir / "security", security,
+                                                   broker_hosts=(host, "localhost"))
         self.relay_host = relay_host
         self.exec_prefix = tuple(exec_prefix)
         self.specs = [
@@ -254,6 +266,17 @@ class KafkaCluster:
     def bootstrap_servers(self) -> str:
         return ",".join(self.bootstrap)
 
+    @property
+    def client_security(self) -> ClientSecurity:
+        """What a client needs to reach the brokers directly (PLAINTEXT: nothing)."""
+        if self.security is None:
+            return ClientSecurity(Protocol.PLAINTEXT)
+        return self.security.client
+
+    def admin_config(self, **extra: Any) -> dict[str, Any]:
+        """confluent-kafka settings for an admin client of this cluster."""
+        return {"bootstrap.servers": self.bootstrap_servers, **self.client_security.confluent(), **extra}
+
     def spec(self, broker_id: int) -> BrokerSpec:
         for s in self.specs:
             if s.id == broker_id:
@@ -268,6 +291,9 @@ class KafkaCluster:
             "state_dir": str(self.state_dir),
             "relay_host": self.relay_host,
             "exec_prefix": list(self.exec_prefix),
+            "security": self.protocol.value,
+            "reauth_ms": self.reauth_ms,
+            "client": self.client_security.describe(),
             "brokers": [
                 {
                     "id": s.id,
@@ -295,7 +321,8 @@ class KafkaCluster:
         data = json.loads(path.read_text())
         brokers = data["brokers"]
         self = cls(state_dir, len(brokers), host=brokers[0]["host"], relay_host=data.get("relay_host"),
-                   exec_prefix=tuple(data.get("exec_prefix", ())))
+                   exec_prefix=tuple(data.get("exec_prefix", ())),
+                   security=Protocol(data.get("security", "PLAINTEXT")), reauth_ms=data.get("reauth_ms", 0))
         self.specs = [
             BrokerSpec(b["id"], b["host"], b["port"], b["controller_port"], b.get("rack")) for b in brokers
         ]
@@ -312,9 +339,10 @@ class KafkaCluster:
         (d / "data").mkdir(parents=True, exist_ok=True)
         voters = ",".join(f"{o.id}@{o.host}:{o.controller_port}" for o in self.specs)
         rf = min(3, len(self.specs))
-        listeners = f"PLAINTEXT://{s.host}:{s.port},CONTROLLER://{s.host}:{s.controller_port}"
-        advertised = f"PLAINTEXT://{s.host}:{s.port}"
-        protocols = "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT"
+        name = self.protocol.value  # the client listener is named after its protocol
+        listeners = f"{name}://{s.host}:{s.port},CONTROLLER://{s.host}:{s.controller_port}"
+        advertised = f"{name}://{s.host}:{s.port}"
+        protocols = f"{name}:{name},CONTROLLER:PLAINTEXT"
         if self.relay_host:
             listeners += f",RELAY://{s.host}:{s.relay_port}"
             advertised += f",RELAY://{self.relay_host}:{s.relay_port}"
@@ -326,7 +354,7 @@ class KafkaCluster:
             "listeners": listeners,
             "advertised.listeners": advertised,
             "controller.listener.names": "CONTROLLER",
-            "inter.broker.listener.name": "PLAINTEXT",
+            "inter.broker.listener.name": name,
             "listener.security.protocol.map": protocols,
             "log.dirs": d / "data",
             "num.network.threads": 2,
@@ -356,6 +384,8 @@ class KafkaCluster:
         }
         if s.rack:
             props["broker.rack"] = s.rack
+        if self.security is not None:
+            props.update(self.security.broker_props(name, reauth_ms=self.reauth_ms))
         path = d / "server.properties"
         path.write_text("".join(f"{k}={v}\n" for k, v in props.items()))
         (d / "log4j2.properties").write_text(LOG4J2)
@@ -368,7 +398,8 @@ class KafkaCluster:
                f"-Dlog4j2.configurationFile={self._broker_dir(s.id) / 'log4j2.properties'}",
                f"-Dkafka.logs.dir={self._broker_dir(s.id)}",
                "-cp", classpath(), "kafka.tools.StorageTool",
-               "format", f"--cluster-id={self.cluster_id}", "-c", str(config)]  # an id may start with "-"
+               "format", f"--cluster-id={self.cluster_id}", "-c", str(config),  # an id may start with "-"
+               *(self.security.format_args() if self.security else [])]
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if proc.returncode != 0:
             raise KafkaError(f"formatting storage of broker {s.id} failed:\n{proc.stdout}{proc.stderr}")
@@ -448,7 +479,7 @@ class KafkaCluster:
 
         name = f"kproxy-ready-{uuid.uuid4().hex[:12]}"
         self.create_topic(name, partitions=len(self.specs), timeout=timeout)
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        admin = AdminClient(self.admin_config(log_level=0))
         admin.delete_topics([name], operation_timeout=timeout)[name].result(timeout=timeout)
 
     def wait_ready(self, timeout: float = 90.0, brokers: list[int] | None = None) -> None:
@@ -474,7 +505,7 @@ class KafkaCluster:
         live = [s.address for s in self.specs if _port_open(s.host, s.port)]
         if not live:
             return set()
-        admin = AdminClient({"bootstrap.servers": ",".join(live), "socket.timeout.ms": 2000,
+        admin = AdminClient({**self.admin_config(), "bootstrap.servers": ",".join(live), "socket.timeout.ms": 2000,
                              "log_level": 0})
         try:
             md = admin.list_topics(timeout=2)
@@ -487,7 +518,7 @@ class KafkaCluster:
         from confluent_kafka.admin import AdminClient, NewTopic
 
         rf = replication or min(3, len(self.specs))
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        admin = AdminClient(self.admin_config())
         cfg = {"min.insync.replicas": str(min(2, rf))}
         cfg.update(config or {})
         fut = admin.create_topics([NewTopic(name, partitions, rf, config=cfg)], operation_timeout=timeout)[name]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import socket
 import subprocess
@@ -147,8 +148,10 @@ def test_start_fails_cleanly_when_the_raft_port_is_taken():
         before = {t.ident for t in threading.enumerate()}
         m = Member(MemberConfig(node_id="x", members=[MemberSpec(ProxyNode("x", host, 9092), host, port)],
                                      password="pw"))
-        with pytest.raises(RuntimeError, match="failed to start"):
+        with pytest.raises(OSError) as info:  # one line naming the listener and its address
             m.start()
+        assert info.value.errno == errno.EADDRINUSE
+        assert f"Raft listener (TCP) {host}:{port}" in str(info.value)
         wait_until("no thread left behind", lambda: {t.ident for t in threading.enumerate()} <= before, timeout=5)
         udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         udp.bind((host, port))  # the heartbeat socket was closed

@@ -20,7 +20,7 @@ from chaos.clients import batch as clients
 pytestmark = [pytest.mark.integration]
 
 WORKERS = 2
-FIRST_IP = 61  # nodes on 127.0.0.61-63
+FIRST_IP = 74  # nodes on 127.0.0.74-76 (the secure session fleet has .61-63)
 
 
 @pytest.fixture(scope="module")

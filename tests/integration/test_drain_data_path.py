@@ -47,9 +47,26 @@ async def _eof_within(reader: asyncio.StreamReader, timeout: float) -> bool:
         return False
 
 
-def _long_poll(topic: str, correlation_id: int) -> bytes:
-    """A Fetch at the log end of an empty partition: the broker holds it for LONG_POLL_MS."""
-    body = make(FetchRequest, replica_id=-1, max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=LONG_POLL_MS)),
+async def _until_fetchable(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, topic: str,
+                           timeout: float = 15.0) -> None:
+    """Until a Fetch of the new topic's partition is answered without error: a leader that does
+    not know the partition yet answers the long poll at once, and the test would then drain a
+    connection with nothing in flight."""
+    deadline = time.monotonic() + timeout
+    while True:
+        writer.write(_long_poll(topic, 2, wait_ms=0))
+        _, body = decode_response(FetchResponse, await _read_frame(reader, 10))
+        error = int(body.error_code) or int(body.responses[0].partitions[0].error_code)
+        if error == 0:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{topic}: Fetch still answers error {error} after {timeout} s")
+        await asyncio.sleep(0.1)  # the next attempt; the condition is checked above
+
+
+def _long_poll(topic: str, correlation_id: int, wait_ms: int = LONG_POLL_MS) -> bytes:
+    """A Fetch at the log end of an empty partition: the broker holds it for ``wait_ms``."""
+    body = make(FetchRequest, replica_id=-1, max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=wait_ms)),
                 min_bytes=1, max_bytes=1 << 20, session_epoch=-1,
                 topics=(make(FetchTopic, topic=topic, partitions=(
                     make(FetchPartition, partition=0, fetch_offset=0, current_leader_epoch=-1, log_start_offset=-1,
@@ -84,6 +101,7 @@ def test_drain_closes_each_connection_at_its_first_idle_moment(kafka_cluster, to
             for r, w in ((busy_r, busy_w), (idle_r, idle_w)):
                 w.write(api_versions)
                 await _read_frame(r, 10)
+            await _until_fetchable(busy_r, busy_w, topic_name)
             busy_w.write(_long_poll(topic_name, 1))
             await busy_w.drain()
             deadline = time.monotonic() + 5

@@ -201,6 +201,20 @@ def test_demo_final_screen_reports_and_tables_each_family(spark_session, tmp_pat
     assert text.rstrip().splitlines()[-1] == "records lost or duplicated (see the report)"
 
 
+def test_demo_family_table_fits_80_columns():
+    from rich.console import Console
+
+    from cli.demo_cmd import family_table
+    from chaos.measures import FamilyOutcome
+
+    console = Console(width=80, record=True)
+    console.print(family_table([FamilyOutcome("kafka-python", 1, 123456.0, 123456.0, 123456.0, 10000, 10000)]))
+    lines = console.export_text().splitlines()
+    assert all(len(line) <= 80 and "…" not in line for line in lines), lines
+    assert any("duplicated" in line and "kafka-python" not in line for line in lines)
+    assert any("kafka-python" in line and "123456" in line for line in lines)
+
+
 def test_breakdown_plot_stacks_detected_committed_and_clients_back():
     import pandas as pd
 

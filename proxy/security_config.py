@@ -150,14 +150,20 @@ def check_ca(ca: str, path: str) -> None:
         raise ConfigError(path, f"{ca} is not a PEM CA bundle: {exc}") from None
 
 
-def _listeners(raw: Any) -> ListenerTls:
-    p = "security.listeners"
+def _server_pair(raw: Any, p: str) -> tuple[str, str]:
+    """A table's required ``cert`` and ``key`` (a server's): readable, and loading as a pair."""
     if not isinstance(raw, dict):
         raise ConfigError(p, "must be a table")
     cert = readable(raw, "cert", f"{p}.cert")
     key = readable(raw, "key", f"{p}.key")
     assert cert is not None and key is not None
     check_pair(cert, key, f"{p}.cert")
+    return cert, key
+
+
+def _listeners(raw: Any) -> ListenerTls:
+    p = "security.listeners"
+    cert, key = _server_pair(raw, p)
     client_ca = readable(raw, "client_ca", f"{p}.client_ca", required=False)
     if client_ca is not None:
         check_ca(client_ca, f"{p}.client_ca")
@@ -215,11 +221,5 @@ def _sasl(raw: Any, env: Mapping[str, str], inline_secrets: bool) -> UpstreamSas
 
 
 def _admin(raw: Any) -> AdminTls:
-    p = "security.admin"
-    if not isinstance(raw, dict):
-        raise ConfigError(p, "must be a table")
-    cert = readable(raw, "cert", f"{p}.cert")
-    key = readable(raw, "key", f"{p}.key")
-    assert cert is not None and key is not None
-    check_pair(cert, key, f"{p}.cert")
+    cert, key = _server_pair(raw, "security.admin")
     return AdminTls(cert=cert, key=key)

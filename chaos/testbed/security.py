@@ -116,13 +116,8 @@ class ClientSecurity:
         return out
 
     def kafka_python(self) -> dict[str, Any]:
-        """kafka-python settings."""
-        out: dict[str, Any] = {"security_protocol": self.protocol.value}
-        if self.protocol.tls:
-            out["ssl_context"] = self.ssl_context()
-        if self.protocol.sasl:
-            out.update(self._python_sasl())
-        return out
+        """kafka-python settings: the same keys as aiokafka's."""
+        return self.aiokafka()
 
     def aiokafka(self) -> dict[str, Any]:
         """aiokafka settings (an ``ssl.SSLContext`` is built here)."""

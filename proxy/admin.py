@@ -59,7 +59,7 @@ class AdminHandler(BaseHTTPRequestHandler):
                 self._json(200, {"ok": True})
             elif self.path == "/clients" and self.admin.clients is not None:
                 if self._authorized():
-                    self._json(200, {"clients": self.admin.clients()})
+                    self._json(200, self.admin.clients())
             elif self.path == "/readyz":
                 ok = self.admin.ready()
                 self._json(200 if ok else 503, {"ready": ok})
@@ -113,7 +113,7 @@ class AdminServer:
     def __init__(self, host: str, port: int, *, token: str | None, status: Callable[[], dict[str, Any]],
                  metrics: Callable[[], bytes], ready: Callable[[], bool], actions: dict[str, Action],
                  ssl_context: ssl.SSLContext | None = None,
-                 clients: Callable[[], list[Any]] | None = None) -> None:
+                 clients: Callable[[], dict[str, Any]] | None = None) -> None:
         """``ssl_context``: serve HTTPS (proxy.tls.admin_context); the handshake runs in the
         request's thread, not in the accept loop."""
         self.token = token

@@ -127,8 +127,11 @@ class NodeRuntime:
         finally:
             await self.shutdown()
 
-    def _clients(self) -> list[Any]:
-        return [p.to_json() for p in self._call_in_loop(self.datapath.client_pairs)]
+    def _clients(self) -> dict[str, Any]:
+        """``GET /clients``: this node's clients, and the peers' it knows (what it would tickle)."""
+        known = {n: [p.to_json() for p in self.peer_clients.of(n)] for n in self.peer_clients.peers} \
+            if self.peer_clients else {}
+        return {"clients": [p.to_json() for p in self._call_in_loop(self.datapath.client_pairs)], "known": known}
 
     def _share_clients(self) -> None:
         """With floating addresses: the fence asks the member whether it has quorum, and the

@@ -241,6 +241,39 @@ class HostNet:
             self.sleep(0.05)
         return left
 
+    def holders(self) -> dict[str, list[str]]:
+        """Each floating address of the plan -> the node hosts whose link holds it now (the
+        truth the address movers act on: one host each, except for a moment during a move).
+        One shell for every host (about 15 ms): fault-to-moved times are polled with it."""
+        nodes = [h for h in self.plan.hosts if h.floating]
+        script = "; ".join(f"echo @{h.name}; ip -n {h.namespace} -o -4 addr show dev {INNER_LINK}" for h in nodes)
+        proc = self.run(["sh", "-c", script])
+        out: dict[str, list[str]] = {str(h.floating): [] for h in nodes}
+        host = None
+        for line in proc.stdout.splitlines():
+            if line.startswith("@"):
+                host = line[1:]
+                continue
+            words = line.split()
+            if host is not None and "inet" in words:
+                ip = words[words.index("inet") + 1].split("/")[0]
+                if ip in out:
+                    out[ip].append(host)
+        return out
+
+    def mac_of(self, name: str) -> str:
+        """The MAC address of host ``name``'s link (to tell which host answered ARP)."""
+        links = self._ip_json("-n", self.plan.host(name).namespace, "link", "show", "dev", INNER_LINK)
+        return str(links[0]["address"])
+
+    def set_link(self, name: str, up: bool) -> None:
+        """Cut host ``name`` off the bridge, or plug it back: its veth's bridge end down or up
+        (its own end then has no carrier; its addresses stay)."""
+        cmd = ["ip", "link", "set", self.plan.host(name).veth, "up" if up else "down"]
+        proc = self.run(cmd)
+        if proc.returncode != 0:
+            raise HostsError(f"{' '.join(cmd)}: {proc.stderr.strip()}")
+
     def leftovers(self) -> list[str]:
         """The namespaces, links and addresses of the plan that exist now."""
         namespaces, links = self.namespaces(), self.links()

@@ -266,6 +266,24 @@ class HostNet:
         links = self._ip_json("-n", self.plan.host(name).namespace, "link", "show", "dev", INNER_LINK)
         return str(links[0]["address"])
 
+    def pids(self, name: str) -> list[int]:
+        """Every process running on host ``name`` (``ip netns pids``)."""
+        proc = self.run(["ip", "netns", "pids", self.plan.host(name).namespace])
+        if proc.returncode != 0:
+            raise HostsError(f"ip netns pids {self.plan.host(name).namespace}: {proc.stderr.strip()}")
+        return [int(p) for p in proc.stdout.split()]
+
+    def signal_host(self, name: str, sig: int) -> list[int]:
+        """Signal every process of host ``name`` (SIGSTOP: the host freezes, as a stalled VM
+        does; its kernel still answers ARP and holds its sockets). Returns the PIDs signalled."""
+        pids = self.pids(name)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                continue
+        return pids
+
     def set_link(self, name: str, up: bool) -> None:
         """Cut host ``name`` off the bridge, or plug it back: its veth's bridge end down or up
         (its own end then has no carrier; its addresses stay)."""
@@ -273,6 +291,23 @@ class HostNet:
         proc = self.run(cmd)
         if proc.returncode != 0:
             raise HostsError(f"{' '.join(cmd)}: {proc.stderr.strip()}")
+
+    def one_way(self, name: str, drop: bool) -> None:
+        """Drop (or stop dropping) every packet host ``name`` receives on its link, with an
+        nftables table inside its namespace: it still sends (heartbeats, Raft) but hears nothing."""
+        ns = self.plan.host(name).namespace
+        table = f"{self.plan.tag}_oneway"
+        if drop:
+            script = (f"add table inet {table}\n"
+                      f"add chain inet {table} input {{ type filter hook input priority -300; policy accept; }}\n"
+                      f"add rule inet {table} input iifname {INNER_LINK} drop\n")
+            cmd = ["ip", "netns", "exec", ns, "nft", "-f", "-"]
+            proc = subprocess.run(cmd, input=script, capture_output=True, text=True, timeout=30)
+        else:
+            cmd = ["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", table]
+            proc = self.run(cmd)
+        if proc.returncode != 0:
+            raise HostsError(f"{' '.join(cmd)}: {proc.stderr.strip()[:300]}")
 
     def leftovers(self) -> list[str]:
         """The namespaces, links and addresses of the plan that exist now."""

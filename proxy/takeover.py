@@ -95,18 +95,24 @@ class TakeoverReconciler:
 
 
 def down_nodes(serving: ServingMap) -> frozenset[str]:
-    """Vacant and not draining: the nodes whose address floats to a survivor."""
-    return serving.vacant - serving.draining
+    """Vacant and not draining, or (degraded mode) out of reach: the nodes whose address floats
+    to a survivor. Without quorum a node cannot tell a dead peer from a cut-off one; taking
+    the address of one that is alive after all is undone by the fence when quorum returns."""
+    return (serving.vacant - serving.draining) | serving.unreachable
 
 
 def address_holder(serving: ServingMap, vacant: str) -> str | None:
-    """The one survivor that holds ``vacant``'s address: of the nodes standing in for it (and
-    not down themselves), the first by a hash of (vacant, node), so that the addresses of
-    several down nodes spread over the survivors and every node computes the same one."""
+    """The one survivor that holds ``vacant``'s address: of the nodes standing in for it (in
+    degraded mode: every node in reach) that are not down themselves, the first by a hash of
+    (vacant, node), so that the addresses of several down nodes spread over the survivors and
+    every node computes the same one."""
     down = down_nodes(serving)
     if vacant not in down:
         return None  # draining (keeps its address) or not vacant at all
-    candidates = {s.node for s in serving.stand_ins if s.vacant == vacant and s.listener == BOOTSTRAP} - down
+    candidates = {s.node for s in serving.stand_ins if s.vacant == vacant and s.listener == BOOTSTRAP}
+    if serving.degraded:
+        candidates |= {n.id for n in serving.nodes} - serving.draining
+    candidates -= down
     if not candidates:
         return None
     return min(sorted(candidates), key=lambda n: hashlib.sha256(f"{vacant}\0{n}".encode()).digest())

@@ -8,6 +8,8 @@ import asyncio
 import ipaddress
 import struct
 
+import attrs
+
 import pytest
 
 from membership.serving import BOOTSTRAP, ServingMap, stand_in_duties
@@ -243,3 +245,25 @@ def test_config_refuses_floating_addresses_that_do_not_fit(addresses, floating, 
     with pytest.raises(ConfigError) as info:
         parse(raw_config(addresses, floating))
     assert info.value.field == field and words in str(info.value)
+
+
+def test_without_quorum_the_nodes_in_reach_share_the_addresses_of_the_nodes_out_of_reach():
+    # p1 alone after its lease: p2 and p3 out of reach, the committed view still has them up.
+    m = attrs.evolve(fleet_map({1: "p1", 2: "p1", 3: "p1"}), degraded=True, unreachable=frozenset({"p2", "p3"}))
+    assert address_holder(m, "p2") == address_holder(m, "p3") == "p1"
+    assert wanted_addresses(m, "p1", fleet=True, fenced=False, draining=False) == {"p1", "p2", "p3"}
+    # p1 and p2 in reach of each other, p3 out of reach: exactly one of them takes p3's address.
+    two = attrs.evolve(fleet_map({1: "p1", 2: "p2", 3: "p1"}), degraded=True, unreachable=frozenset({"p3"}))
+    takers = [n for n in ("p1", "p2") if "p3" in wanted_addresses(two, n, fleet=True, fenced=False, draining=False)]
+    assert takers == [address_holder(two, "p3")] and len(takers) == 1
+
+
+def test_the_degraded_map_names_the_nodes_out_of_reach_and_the_quorate_one_none():
+    from membership.effective import build_serving_map
+    from membership.state import FleetState
+
+    nodes = {n.id: n for n in NODES}
+    degraded = build_serving_map(FleetState(), self_id="p1", configured=nodes, reachable={"p1"}, degraded=True)
+    assert degraded.unreachable == {"p2", "p3"}
+    quorate = build_serving_map(FleetState(), self_id="p1", configured=nodes, reachable={"p1"}, degraded=False)
+    assert quorate.unreachable == frozenset()

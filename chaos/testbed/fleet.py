@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,10 +111,24 @@ class LocalFleet(ClusterAdmin):
                 n.wait_ready(timeout)
             fleet.wait_healthy(timeout)
             fleet.wait_balanced(timeout)  # nodes that joined last get their identities a moment later
+            if plan is not None:
+                fleet.wait_addresses_settled(timeout)
         except BaseException:
             fleet.down()
             raise
         return fleet
+
+    def wait_addresses_settled(self, timeout: float) -> None:
+        """Emulated hosts: wait until each node's host holds its own floating address and no
+        other (a node that started without quorum may hold a peer's for a moment)."""
+        assert self.hosts is not None
+        net = HostNet(self.hosts)
+        want = {h.floating: [h.name] for h in self.hosts.hosts if h.floating}
+        deadline = time.monotonic() + timeout
+        while (held := net.holders()) != want:
+            if time.monotonic() > deadline:
+                raise LocalFleetError(f"floating addresses not settled within {timeout}s: {held}")
+            time.sleep(0.05)
 
     @classmethod
     def load(cls, state_dir: str | os.PathLike[str]) -> "LocalFleet":

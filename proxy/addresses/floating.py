@@ -27,8 +27,9 @@ from proxy.takeover import AddressReconciler, Fence, ReleaseAddress, TakeAddress
 
 log = logging.getLogger("kproxy.addresses")
 
-# The fence's tick: a stall is seen at most this late after the node thaws.
-FENCE_TICK_S = 0.05
+# The fence's tick. A stall is seen at once after the node thaws (the overdue timer fires
+# first), so this bounds only how late the fence is lifted; it is an idle node's wake-up rate.
+FENCE_TICK_S = 0.1
 # Tickles go out twice, this far apart: the first may race the clients' ARP update.
 TICKLE_AGAIN_S = 0.3
 

@@ -56,7 +56,7 @@ def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_rounds: 
 
 
 @bench.command("failover")
-@click.option("--drills", type=click.IntRange(1, 500), default=20, show_default=True, help="SIGKILL drills.")
+@click.option("--drills", type=click.IntRange(1, 500), default=20, show_default=True, help="Drills of --fault (SIGKILL by default).")
 @click.option("--drains", type=click.IntRange(0, 100), default=5, show_default=True, help="Graceful drain drills.")
 @click.option("--clients", default=None, help="family:role list (default: 4 producer families, 2 consumers).")
 @click.option("--rate", type=float, default=50.0, show_default=True, help="Records/s per producer.")
@@ -68,10 +68,16 @@ def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_rounds: 
 @click.option("--light-clients", type=click.IntRange(0, 50_000), default=0, show_default=True,
               help="Also N light clients (connect, Metadata, hold a connection; reconnect on loss) during the "
                    "SIGKILL drills: light_recovered_s, fault to each cut client back. Loopback only.")
+@click.option("--fault", type=click.Choice(("kill", "freeze", "partition", "partition-one-way", "flap", "leader-kill",
+                                            "kill-two", "freeze-two", "partition-two")),
+              default="kill", show_default=True,
+              help="The fault of the main drills (partition-one-way, flap, partition-two: --hosts netns only).")
 @click.option("--json", "as_json", is_flag=True)
 def bench_failover(drills: int, drains: int, clients: str | None, rate: float, state_dir: str | None,
-                   out_dir: str | None, seed: int | None, hosts: str, light_clients: int, as_json: bool) -> None:
-    """RTO per client family over many SIGKILL drills (and drains), detection and commit times."""
+                   out_dir: str | None, seed: int | None, hosts: str, light_clients: int, fault: str,
+                   as_json: bool) -> None:
+    """RTO per client family over many drills of one fault (SIGKILL by default) and drains,
+    detection and commit times (and, on emulated hosts, fault to address moved)."""
     from chaos.bench.failover import DEFAULT_CLIENTS, run
 
     if light_clients and hosts != LOOPBACK:
@@ -86,11 +92,13 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
             console.print(f"[dim]… {status['phase']}[/dim]")
 
     results = run(drills=drills, drains=drains, clients=clients or DEFAULT_CLIENTS, rate=rate, state_dir=state_dir,
-                  out_dir=out_dir, seed=seed, light_clients=light_clients, progress=progress, hosts=hosts)
+                  out_dir=out_dir, seed=seed, light_clients=light_clients, progress=progress, hosts=hosts,
+                  fault=fault)
     if as_json:
         click.echo(json.dumps(results, indent=2, default=str))
         return
-    for key in ("drills", "rto_ms", "detect_ms", "commit_ms", "lost", "duplicated", "drain", "light_clients",
+    for key in ("drills", "fault", "rto_ms", "detect_ms", "commit_ms", "address_moved_ms", "lost", "duplicated",
+                "drain", "light_clients",
                 "light_recovered_s", "light_never_back", "targets"):
         click.echo(f"{key}: {results.get(key)}")
 

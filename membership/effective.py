@@ -109,6 +109,7 @@ def build_serving_map(
         draining=state.draining,
         stand_ins=stand_in_duties(owners, nodes.values(), gone, idle=state.draining),
         degraded=degraded,
+        unreachable=frozenset(nodes) - frozenset(reachable) - {self_id} if degraded else frozenset(),
         version=version,
         changed_at=changed_at,
         error=error,

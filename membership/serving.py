@@ -71,6 +71,9 @@ class ServingMap:
     draining: frozenset[ProxyId] = frozenset()
     stand_ins: tuple[StandIn, ...] = ()
     degraded: bool = False
+    # Degraded mode only: the nodes this one cannot reach (the addresses of those float to
+    # it or a peer it reaches: proxy.takeover); empty while the fleet has quorum.
+    unreachable: frozenset[ProxyId] = frozenset()
     version: int = 0
     changed_at: float = 0.0
     error: str | None = None

@@ -1,7 +1,8 @@
 """Admin endpoint: HTTP on the node's address, bearer token for actions.
 
 ``GET /status`` (JSON), ``GET /metrics`` (Prometheus text), ``GET /healthz``,
-``GET /readyz``, ``POST /drain`` (this node), ``POST /drain/<node>`` (any node,
+``GET /readyz``, ``GET /clients`` (bearer token: the node's client connections, which its
+peers keep for tickle ACKs, proxy.addresses.peers), ``POST /drain`` (this node), ``POST /drain/<node>`` (any node,
 through the fleet), ``POST /undrain/<node>``, ``POST /kill`` (the drill:
 ``{"signal": "KILL"|"STOP"|"TERM"}``, the node signals itself).
 
@@ -56,6 +57,9 @@ class AdminHandler(BaseHTTPRequestHandler):
                 self._send(200, self.admin.metrics(), "text/plain; version=0.0.4")
             elif self.path == "/healthz":
                 self._json(200, {"ok": True})
+            elif self.path == "/clients" and self.admin.clients is not None:
+                if self._authorized():
+                    self._json(200, self.admin.clients())
             elif self.path == "/readyz":
                 ok = self.admin.ready()
                 self._json(200 if ok else 503, {"ready": ok})
@@ -65,15 +69,21 @@ class AdminHandler(BaseHTTPRequestHandler):
             log.exception("admin GET failed")
             self._json(500, {"error": repr(exc)})
 
-    def do_POST(self) -> None:  # noqa: N802
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if 0 < length <= 65536 else b""
+    def _authorized(self) -> bool:
+        """The request carries the bearer token; if not, the refusal is sent."""
         if self.admin.token is None:
             self._json(403, {"error": "no admin token configured: actions are disabled"})
-            return
+            return False
         auth = self.headers.get("Authorization", "")
         if not hmac.compare_digest(auth.encode(), f"Bearer {self.admin.token}".encode()):
             self._json(401, {"error": "missing or wrong bearer token"})
+            return False
+        return True
+
+    def do_POST(self) -> None:  # noqa: N802
+        length = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(length) if 0 < length <= 65536 else b""
+        if not self._authorized():
             return
         try:
             body = json.loads(raw) if raw else {}
@@ -102,7 +112,8 @@ class AdminHandler(BaseHTTPRequestHandler):
 class AdminServer:
     def __init__(self, host: str, port: int, *, token: str | None, status: Callable[[], dict[str, Any]],
                  metrics: Callable[[], bytes], ready: Callable[[], bool], actions: dict[str, Action],
-                 ssl_context: ssl.SSLContext | None = None) -> None:
+                 ssl_context: ssl.SSLContext | None = None,
+                 clients: Callable[[], dict[str, Any]] | None = None) -> None:
         """``ssl_context``: serve HTTPS (proxy.tls.admin_context); the handshake runs in the
         request's thread, not in the accept loop."""
         self.token = token
@@ -110,6 +121,7 @@ class AdminServer:
         self.metrics = metrics
         self.ready = ready
         self.actions = actions
+        self.clients = clients
         handler = type("Handler", (AdminHandler,), {"admin": self})
         try:
             self.httpd = ThreadingHTTPServer((host, port), handler)

@@ -55,9 +55,12 @@ class NodeAdmin:
     """
 
     def __init__(self, node_id: str, host: str, admin_port: int, token: str | None = None, *,
-                 bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT) -> None:
+                 bootstrap_port: int = DEFAULT_BOOTSTRAP_PORT, bootstrap_host: str | None = None) -> None:
+        """``bootstrap_host``: where clients reach the node when that is not ``host`` (a
+        floating address, proxy.addresses)."""
         self.node_id = node_id
         self.host = host
+        self.bootstrap_host = bootstrap_host or host
         self.admin_port = admin_port
         self.bootstrap_port = bootstrap_port
         self.pid: int | None = None
@@ -135,7 +138,8 @@ class ClusterAdmin:
             u = urllib.parse.urlsplit(url)
             member = status.members.get(node_id)
             nodes.append(NodeAdmin(node_id, u.hostname or "", u.port or DEFAULT_ADMIN_PORT, token,
-                                   bootstrap_port=member.bootstrap_port if member else DEFAULT_BOOTSTRAP_PORT))
+                                   bootstrap_port=member.bootstrap_port if member else DEFAULT_BOOTSTRAP_PORT,
+                                   bootstrap_host=member.host if member else None))
         return cls(nodes, [f"{b.host}:{b.port}" for b in status.brokers])
 
     # ---------------------------------------------------------- accessors
@@ -145,7 +149,7 @@ class ClusterAdmin:
 
     @property
     def bootstrap(self) -> list[str]:
-        return [f"{n.host}:{n.bootstrap_port}" for n in self.nodes.values()]
+        return [f"{n.bootstrap_host}:{n.bootstrap_port}" for n in self.nodes.values()]
 
     @property
     def bootstrap_servers(self) -> str:

@@ -25,6 +25,7 @@ test keeps it complete)::
     raft_port = 9500                     # required with [fleet]
     rack = "rack-1"                      # optional
     workers = "auto"                     # data-path processes: an integer >= 1, or "auto" (one per core)
+    # floating_host = "10.0.1.111"       # with [addresses]: the advertised address, which floats
 
     [limits]
     max_frame_bytes = 104857600          # Kafka's socket.request.max.bytes
@@ -51,6 +52,9 @@ test keeps it complete)::
     tap_dir = "/tmp/tap"                 # tests only: copy every byte sent to clients here
 
     [security]                           # TLS and SASL: see proxy.security_config
+
+    [addresses]                          # floating addresses: see proxy.addresses (default: none)
+    mover = "linux"                      # none | netns | linux | command
 """
 
 from __future__ import annotations
@@ -64,6 +68,9 @@ from typing import TYPE_CHECKING, Any, Mapping
 import attrs
 
 from membership.config import unknown_key_message
+from proxy.addresses.config import KEYS as MOVER_KEYS
+from proxy.addresses.config import NONE as MOVER_NONE
+from proxy.addresses.config import MoverConfig, MoverConfigError, parse_mover_config
 from topology import PortScheme
 from topology import ProxyNode as TopologyNode
 
@@ -114,6 +121,10 @@ class NodeConfig:
     # A file that leaves it out gets one per core ("auto"); a config built in code
     # gets 1, the single-process node.
     workers: int = 1
+    # The node's advertised address when addresses float ([addresses] mover netns, linux or
+    # command, proxy.addresses): whichever host serves the node holds it; ``host`` stays the
+    # host's own address (Raft, admin, the upstream connections).
+    floating_host: str | None = None
 
 
 # Fetch v16+ responses carry KIP-951 node_endpoints (broker addresses) in a
@@ -190,6 +201,7 @@ class Config:
     tap_dir: str | None = None
     source: str = "<memory>"
     security: SecurityConfig | None = None  # [security] (TLS, the node's SASL login); None: plaintext
+    addresses: MoverConfig = MoverConfig()  # [addresses]: the floating-address mover (proxy.addresses)
 
     def node(self, node_id: str) -> NodeConfig:
         for n in self.nodes:
@@ -205,7 +217,7 @@ def proxy_nodes(config: Config) -> tuple[TopologyNode, ...]:
     membership advertises, from what this returns)."""
     ports = PortScheme(base=config.port_base, explicit=dict(config.port_map))
     try:
-        return tuple(TopologyNode(id=n.id, host=n.host, bootstrap_port=n.bootstrap_port, rack=n.rack, ports=ports)
+        return tuple(TopologyNode(id=n.id, host=n.floating_host or n.host, bootstrap_port=n.bootstrap_port, rack=n.rack, ports=ports)
                      for n in config.nodes)
     except ValueError as exc:
         raise ConfigError("nodes", str(exc)) from None
@@ -220,7 +232,7 @@ def proxy_node(config: Config, node_id: str) -> TopologyNode:
 # --------------------------------------------------------------- loading
 # The keys each section accepts. Sections that map onto an attrs class take its field
 # names, so a field added there is accepted here; anything else exits 2 naming the key.
-SECTIONS = ("upstream", "ports", "nodes", "limits", "logging", "admin", "fleet", "debug", "security")
+SECTIONS = ("upstream", "ports", "nodes", "limits", "logging", "admin", "fleet", "debug", "security", "addresses")
 SECTION_KEYS: dict[str, frozenset[str]] = {
     "upstream": frozenset({"bootstrap", "refresh_interval_s"}),
     "ports": frozenset({"base", "map"}),
@@ -232,6 +244,7 @@ SECTION_KEYS: dict[str, frozenset[str]] = {
     "debug": frozenset({"tap_dir"}),
     # Tables of their own (proxy.security_config checks the keys inside each).
     "security": frozenset({"listeners", "upstream", "upstream_sasl", "admin"}),
+    "addresses": MOVER_KEYS,
 }
 # Secrets never go in the file (README): a file that holds one is refused, naming the
 # ``*_env`` key to use instead. Only ``parse`` of an in-memory mapping (tests, tools) takes them inline.
@@ -353,11 +366,42 @@ def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, sourc
         from proxy.security_config import parse_security  # it builds on this module's helpers
 
         security = parse_security(_get(raw, "security", "security", dict), env, inline_secrets)
+    addresses = _parse_addresses(_get(raw, "addresses", "addresses", dict, {}), nodes)
     return Config(
-        tap_dir=tap_dir, security=security,
+        tap_dir=tap_dir, security=security, addresses=addresses,
         nodes=nodes, upstream=upstream, refresh_interval_s=refresh, port_base=base, port_map=port_map,
         limits=limits, log_level=level, log_format=fmt, admin_token=token, fleet=fleet, source=source,
     )
+
+
+def _parse_addresses(table: Mapping[str, Any], nodes: tuple[NodeConfig, ...]) -> MoverConfig:
+    """``[addresses]`` and the nodes' ``floating_host``: every node has one exactly when a mover
+    moves addresses, inside the mover's networks and apart from every node's own ``host``."""
+    try:
+        mover = parse_mover_config(table)
+    except MoverConfigError as exc:
+        raise ConfigError("addresses", str(exc)) from None
+    hosts = {n.host for n in nodes}
+    for i, n in enumerate(nodes):
+        path = f"nodes[{i}].floating_host"
+        if mover.kind == MOVER_NONE:
+            if n.floating_host is not None:
+                raise ConfigError(path, "set [addresses] mover (netns, linux or command) for a floating address")
+            continue
+        if n.floating_host is None:
+            raise ConfigError(path, f"the {mover.kind} mover moves each node's advertised address: set it")
+        try:
+            ip = ipaddress.IPv4Address(n.floating_host)
+        except ValueError:
+            raise ConfigError(path, f"{n.floating_host!r} is not an IPv4 address") from None
+        if not mover.allows(ip):
+            raise ConfigError(path, f"{ip} is outside addresses.networks ({', '.join(map(str, mover.networks))})")
+        if n.floating_host in hosts:
+            raise ConfigError(path, f"{ip} is a node's own host address, not a floating one")
+    floating = [n.floating_host for n in nodes if n.floating_host]
+    if len(set(floating)) != len(floating):
+        raise ConfigError("nodes", "two nodes share one floating_host")
+    return mover
 
 
 def _parse_upstream(upstream_raw: Mapping[str, Any]) -> tuple[tuple[HostPort, ...], float]:
@@ -402,6 +446,7 @@ def _parse_node(n: Any, path: str) -> NodeConfig:
         raft_port=None if raft_port is None else _port(raft_port, f"{path}.raft_port"),
         rack=_get(n, "rack", f"{path}.rack", str, None),
         workers=_workers(n.get("workers", "auto"), f"{path}.workers"),
+        floating_host=_get(n, "floating_host", f"{path}.floating_host", str, None),
     )
     if not node.id:
         raise ConfigError(f"{path}.id", "must not be empty")

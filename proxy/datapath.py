@@ -17,7 +17,10 @@ what clients are told. When an identity moves away from this node, the
 clients connected to it here are drained (:mod:`proxy.drain`): closed at an
 idle moment so the client refreshes metadata and reconnects to the new owner
 (DESIGN §4). The map's ``draining`` drains or undrains the whole node, and its
-stand-in duties drive address takeover (:mod:`proxy.takeover`).
+stand-in duties drive address takeover (:mod:`proxy.takeover`). With an
+``[addresses]`` mover the node's advertised address floats instead
+(:mod:`proxy.addresses.floating`): the one survivor that holds a down node's
+address listens on all of its ports, and a node that stalled fences itself.
 """
 
 from __future__ import annotations
@@ -31,6 +34,9 @@ from collections.abc import Callable
 import attrs
 
 from membership.serving import BOOTSTRAP, ServingMap, standalone_map
+from proxy.addresses.config import NONE as NO_MOVER
+from proxy.addresses.floating import FloatingAddresses
+from proxy.addresses.tickle import ClientPair
 from proxy.advertised import AdvertisedAddresses
 from proxy.config import Config, proxy_node
 from proxy.connection import Pair, UpstreamSide
@@ -44,7 +50,7 @@ from proxy.metrics import ProxyMetrics
 from proxy.registry import ConnectionRegistry
 from proxy.rewrite import BrokerAddress, ResponseRewriter
 from proxy.status import BrokerRow
-from proxy.takeover import wanted_stand_ins
+from proxy.takeover import floating_stand_ins, wanted_stand_ins
 from proxy.tls import HANDSHAKE_TIMEOUT_S, CertificateReloader, HandshakeFailures, TlsEndpoint, describe
 from proxy.tls import listener_context, upstream_context
 from proxy.upstream import PLAINTEXT, UpstreamBroker, UpstreamSecurity
@@ -88,6 +94,7 @@ class DataPath:
         self.metrics = metrics or ProxyMetrics(node_id)
         # Address takeover (fleet only): listeners on the addresses of vacant nodes.
         self.takeover_enabled = fleet and config.fleet is not None and config.fleet.address_takeover
+        self.floating = self._floating(config, node_id, fleet)
         self.node_drain = NodeDrain(self.takeover_enabled)
         self.advertised = AdvertisedAddresses(self.node)
         self._owners: dict[int, str] = {}
@@ -104,12 +111,25 @@ class DataPath:
         self.listeners = Listeners(self.node, self.registry, reuse_port=self.takeover_enabled or reuse_port,
                                    on_bound=self._bound_changed, tls=self.listener_tls,
                                    plaintext=self._plaintext_listeners)
-        self.discovery = BrokerDiscovery(config, self.node.host, self.listeners, self.registry,
+        self.discovery = BrokerDiscovery(config, self.local.host, self.listeners, self.registry,
                                          security=self.upstream_security)
-        # Upstream connections leave from this node's own address (like a separate host).
-        self._source = (self.node.host, 0)
+        # Upstream connections leave from this node's own address (like a separate host); with
+        # floating addresses, from the host's own one, which never moves.
+        self._source = (self.local.host, 0)
         self.started_at = time.time()
         self.metrics.registry.register(FleetCollector(node_id, self._fleet_sample))
+
+    def _floating(self, config: Config, node_id: str, fleet: bool) -> FloatingAddresses | None:
+        """The floating-address shell when ``[addresses]`` has a mover. A stall as long as the
+        fleet's ``dead_after_s`` fences the node; Raft's longest election timeout with quorum
+        lifts the fence."""
+        if config.addresses.kind == NO_MOVER:
+            return None
+        f = config.fleet
+        stall_s = f.dead_after_s if f is not None else 1.0
+        confirm_s = f.raft_max_timeout_s if f is not None else 0.0
+        return FloatingAddresses(config.addresses, node_id, self.node.host, fleet=fleet and f is not None,
+                                 stall_s=stall_s, confirm_s=confirm_s)
 
     def _setup_tls(self, config: Config) -> None:
         """The TLS contexts of ``[security]`` (proxy.tls), or none: plaintext both ways."""
@@ -151,7 +171,15 @@ class DataPath:
         log.info("proxy node serving", extra={"node": self.node.id, "bootstrap": self.bootstrap_address,
                                               "brokers": sorted(self.brokers)})
 
+    def watch_stalls(self) -> None:
+        """With floating addresses: from now on a stall fences the node (call once it is up:
+        starting, imports and Raft's start may hold the loop for a second)."""
+        if self.floating is not None:
+            self.registry.spawn(self.floating.watch(lambda: self.serving, self._fenced, self._sync_takeover))
+
     async def stop(self) -> None:
+        if self.floating is not None:
+            await self.floating.release_all()
         self.listeners.close_all()
         await self.registry.stop()
 
@@ -203,12 +231,14 @@ class DataPath:
             log.info("assignment in effect", extra={"epoch": serving.epoch, "owners": dict(serving.owners),
                                                     "moved_away": sorted(moved_away)})
         drained = self.registry.drain(set(moved_away)) if moved_away else 0
+        if self.floating is not None and self.floating.map_seen(serving):
+            self._fenced()
         if self.fleet:
             if me in serving.draining and not self.draining:
                 drained += self.drain_all()
             elif me not in serving.draining and self.draining:
                 self.registry.spawn(self.undrain())
-        if self.takeover_enabled:
+        if self.takeover_enabled or self.floating is not None:
             self.registry.spawn(self._sync_takeover())
         return drained
 
@@ -222,8 +252,33 @@ class DataPath:
         return listener == BOOTSTRAP or self._owners.get(listener) == self.node.id
 
     async def _sync_takeover(self) -> None:
-        wanted = wanted_stand_ins(self.serving, self.node.id, self.listeners.bound, draining=self.draining)
+        if self.floating is None:
+            wanted = wanted_stand_ins(self.serving, self.node.id, self.listeners.bound, draining=self.draining)
+        else:
+            held = await self.floating.sync(self.serving, draining=self.draining)
+            wanted = () if self.draining else floating_stand_ins(self.serving, self.node.id, self.listeners.bound,
+                                                                 held)
         await self.listeners.stand_in(wanted)
+
+    def _fenced(self) -> None:
+        """The node stalled or was cut off: a survivor may hold its address and serve its
+        clients now; drop every connection (their clients were reset or moved already)."""
+        pairs = list(self.registry.pairs)
+        for pair in pairs:
+            pair.abort("fenced: this node stalled or was cut off and may have lost its address")
+        log.warning("fenced: connections dropped", extra={"node": self.node.id, "connections": len(pairs)})
+
+    def client_pairs(self) -> list[ClientPair]:
+        """The clients connected to this node's own address (shared with the peers for tickle ACKs)."""
+        out = []
+        for pair in self.registry.pairs:
+            client = pair.client
+            if client is None:
+                continue
+            local, peer = client.get_extra_info("sockname"), client.get_extra_info("peername")
+            if local and peer and local[0] == self.node.host and ":" not in peer[0]:
+                out.append(ClientPair(local[1], peer[0], peer[1]))
+        return out
 
     # ----------------------------------------------------------- drain
     def drain_identities(self, moved_away: set[int]) -> int:
@@ -248,7 +303,7 @@ class DataPath:
             assert isinstance(action, Rebind)
             await self.discovery.learn(list(self.brokers.values()))
             await self.listeners.bind_bootstrap()
-            if self.takeover_enabled:
+            if self.takeover_enabled or self.floating is not None:
                 self.registry.spawn(self._sync_takeover())
             log.info("node serving again", extra={"node": self.node.id})
 

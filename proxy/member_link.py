@@ -90,7 +90,7 @@ class MemberLink:
         datapath.on_brokers_changed(self._report_brokers)
 
     def start(self) -> None:
-        start_member(self.member, self.datapath.node.host, sorted(self.datapath.brokers.values()))
+        start_member(self.member, self.datapath.local.host, sorted(self.datapath.brokers.values()))
         self.member.subscribe(self._on_change)
 
     def _report_brokers(self, brokers: list[UpstreamBroker]) -> None:

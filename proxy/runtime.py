@@ -41,6 +41,7 @@ class NodeRuntime:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stopped = asyncio.Event()
         self.ready = False
+        self.peer_clients: Any = None  # proxy.addresses.peers.PeerClients with floating addresses
 
     # ---------------------------------------------------------- admin hooks
     def _call_in_loop(self, fn: Any, *args: Any, timeout: float = 10.0) -> Any:
@@ -103,16 +104,19 @@ class NodeRuntime:
             self.link = MemberLink(self.datapath, Member(member_config(self.config, self.node_id)), self.loop)
             await self.loop.run_in_executor(None, self.link.start)  # blocks until Raft is up
             self.loop.run_in_executor(None, self._rejoin)
+            self._share_clients()
         if self.local.admin_port is not None:
             self.admin = AdminServer(
                 self.local.host, self.local.admin_port, token=self.config.admin_token,
                 status=lambda: self.status().to_json(),
                 metrics=self.datapath.metrics.render, ready=self._ready,
                 actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain},
+                clients=self._clients if self.datapath.floating is not None else None,
                 ssl_context=admin_context(self.config.security.admin)
                 if self.config.security is not None and self.config.security.admin is not None else None)
             self.admin.start()
         self.ready = True
+        self.datapath.watch_stalls()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopped.set)
         self.loop.add_signal_handler(signal.SIGHUP, self.datapath.reload_certificates)  # proxy.tls rotation
@@ -122,6 +126,30 @@ class NodeRuntime:
             await self._stopped.wait()
         finally:
             await self.shutdown()
+
+    def _clients(self) -> dict[str, Any]:
+        """``GET /clients``: this node's clients, and the peers' it knows (what it would tickle)."""
+        known = {n: [p.to_json() for p in self.peer_clients.of(n)] for n in self.peer_clients.peers} \
+            if self.peer_clients else {}
+        return {"clients": [p.to_json() for p in self._call_in_loop(self.datapath.client_pairs)], "known": known}
+
+    def _share_clients(self) -> None:
+        """With floating addresses: the fence asks the member whether it has quorum, and the
+        peers' client lists are polled for tickle ACKs (over the admin endpoints; plain HTTP
+        only: the pollers hold no CA for an HTTPS one)."""
+        floating = self.datapath.floating
+        if floating is None or self.link is None:
+            return
+        member = self.link.member
+        floating.has_quorum = lambda: member.status().view.has_quorum
+        if self.config.admin_token is None or (self.config.security is not None and self.config.security.admin):
+            log.info("tickle ACKs off: the peers' client lists need plain-HTTP admin endpoints and a token")
+            return
+        from proxy.addresses.peers import PeerClients
+
+        peers = {n.id: http_url(n.host, n.admin_port) for n in self.config.nodes
+                 if n.id != self.node_id and n.admin_port is not None}
+        self.peer_clients = floating.peer_clients = PeerClients(peers, self.config.admin_token).start()
 
     def _rejoin(self) -> None:
         from proxy.member_link import rejoin
@@ -147,6 +175,8 @@ class NodeRuntime:
         await self.graceful_drain()
         if self.admin is not None:
             self.admin.stop()
+        if self.peer_clients is not None:
+            self.peer_clients.stop()
         await self.datapath.stop()
         if self.link is not None:
             self.link.member.stop()

@@ -17,6 +17,7 @@ here: no floating IP) is logged once per vacancy.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 
 import attrs
@@ -83,3 +84,168 @@ class TakeoverReconciler:
         """Release everything (the node drains or stops)."""
         actions = [Release(k) for k in sorted(self.held)]
         return actions
+
+
+# ------------------------------------------------------------ floating addresses
+# With a mover that moves addresses (proxy.addresses: netns, linux, command) a down node's
+# advertised address is held by exactly one survivor, which listens on every port of it; the
+# node's own host holds it only while the node is up in the committed map and not fenced.
+# A draining node keeps its address: it refuses new connections itself and flushes the ones it
+# has, which moving the address would reset.
+
+
+def down_nodes(serving: ServingMap) -> frozenset[str]:
+    """Vacant and not draining, or (degraded mode) out of reach: the nodes whose address floats
+    to a survivor. Without quorum a node cannot tell a dead peer from a cut-off one; taking
+    the address of one that is alive after all is undone by the fence when quorum returns."""
+    return (serving.vacant - serving.draining) | serving.unreachable
+
+
+def address_holder(serving: ServingMap, vacant: str) -> str | None:
+    """The one survivor that holds ``vacant``'s address: of the nodes standing in for it (in
+    degraded mode: every node in reach) that are not down themselves, the first by a hash of
+    (vacant, node), so that the addresses of several down nodes spread over the survivors and
+    every node computes the same one."""
+    down = down_nodes(serving)
+    if vacant not in down:
+        return None  # draining (keeps its address) or not vacant at all
+    candidates = {s.node for s in serving.stand_ins if s.vacant == vacant and s.listener == BOOTSTRAP}
+    if serving.degraded:
+        candidates |= {n.id for n in serving.nodes} - serving.draining
+    candidates -= down
+    if not candidates:
+        return None
+    return min(sorted(candidates), key=lambda n: hashlib.sha256(f"{vacant}\0{n}".encode()).digest())
+
+
+def wanted_addresses(serving: ServingMap, node_id: str, *, fleet: bool, fenced: bool, draining: bool) -> frozenset[str]:
+    """The nodes whose floating address ``node_id``'s host should hold now (its own included).
+
+    Its own: not while fenced; with a fleet, only once a committed map (epoch > 0) says it is
+    not down. A down node's: when this node is its holder, not fenced and not draining."""
+    if fenced:
+        return frozenset()
+    down = down_nodes(serving)
+    own = not fleet or (serving.epoch > 0 and node_id not in down)
+    held = {node_id} if own else set()
+    if fleet and not draining and node_id not in down:
+        held |= {v for v in down if v != node_id and address_holder(serving, v) == node_id}
+    return frozenset(held)
+
+
+def floating_stand_ins(serving: ServingMap, node_id: str, bound: Iterable[int], held: Iterable[str]) -> tuple[StandIn, ...]:
+    """The listeners on the addresses of down nodes ``node_id`` holds: the bootstrap port and
+    the port of every identity bound here (any node can serve any identity, DESIGN §2.2)."""
+    out = []
+    for v in sorted(set(held) - {node_id}):
+        node = serving.node(v)
+        if node is None:
+            continue
+        out.append(StandIn(node_id, v, BOOTSTRAP, node.host, node.bootstrap_port))
+        for b in sorted(bound):
+            try:
+                out.append(StandIn(node_id, v, b, node.host, node.ports.port_for(b)))
+            except ValueError:  # no port for b in v's scheme
+                continue
+    return tuple(out)
+
+
+@attrs.frozen(slots=True)
+class TakeAddress:
+    node: str  # whose floating address
+    host: str
+
+
+@attrs.frozen(slots=True)
+class ReleaseAddress:
+    node: str
+    host: str
+
+
+class AddressReconciler:
+    """What to take and release so that the host holds exactly the wanted addresses."""
+
+    __slots__ = ("held",)
+
+    def __init__(self) -> None:
+        self.held: dict[str, str] = {}  # node id -> its address, held here
+
+    def plan(self, wanted: Iterable[str], serving: ServingMap, own: tuple[str, str]) -> list[TakeAddress | ReleaseAddress]:
+        """Releases first (a fenced node gives back before anything else), then takes.
+        ``own``: (this node's id, its floating address), known even before a map is."""
+        hosts = {n.id: n.host for n in serving.nodes}
+        hosts[own[0]] = own[1]
+        want = {n: hosts[n] for n in wanted if n in hosts}
+        actions: list[TakeAddress | ReleaseAddress] = [
+            ReleaseAddress(n, h) for n, h in sorted(self.held.items()) if want.get(n) != h]
+        actions += [TakeAddress(n, h) for n, h in sorted(want.items()) if self.held.get(n) != h]
+        return actions
+
+    def taken(self, action: TakeAddress) -> None:
+        self.held[action.node] = action.host
+
+    def released(self, action: ReleaseAddress) -> None:
+        self.held.pop(action.node, None)
+
+
+class Fence:
+    """When a node must give back every floating address before serving again (pure; the
+    caller passes the time).
+
+    A host that was frozen (every process stopped) or cut off for ``stall_s`` (the fleet's
+    ``dead_after_s``) may have been declared down, and a survivor may hold its address now:
+    two hosts answering one address would reset each other's connections. So after a stall
+    (``tick`` finds a gap of ``stall_s`` or more) or a quorum regained after a degraded spell
+    (``map_seen``), the node is fenced: it releases its addresses and drops its connections.
+    It unfences once it has quorum and its map carries a committed epoch newer than the one it
+    was fenced at (a fleet that declared it down committed a new epoch), or once it has had
+    quorum for ``confirm_s`` (Raft's election timeout: by then the leader's appends told it the
+    committed epoch, unchanged); its map then says whether it is down.
+    """
+
+    __slots__ = ("stall_s", "confirm_s", "fenced", "fenced_at", "fenced_epoch", "_last_tick", "_degraded",
+                 "_quorum_since")
+
+    def __init__(self, stall_s: float, confirm_s: float, now: float) -> None:
+        self.stall_s = stall_s
+        self.confirm_s = confirm_s
+        self.fenced = False
+        self.fenced_at = 0.0
+        self.fenced_epoch = 0
+        self._last_tick = now
+        self._degraded = False
+        self._quorum_since: float | None = None
+
+    def _fence(self, now: float, epoch: int) -> bool:
+        first = not self.fenced
+        self.fenced, self.fenced_at, self.fenced_epoch, self._quorum_since = True, now, epoch, None
+        return first
+
+    def start_ticking(self, now: float) -> None:
+        """Ticks count from ``now``: a gap before it (the node starting) is no stall."""
+        self._last_tick = now
+
+    def tick(self, now: float, epoch: int) -> bool:
+        """Called every fraction of ``stall_s`` (``epoch``: the map's in effect); True when this
+        tick fenced the node (a stall)."""
+        gap, self._last_tick = now - self._last_tick, now
+        return self._fence(now, epoch) if gap >= self.stall_s else False
+
+    def map_seen(self, now: float, degraded: bool, epoch: int) -> bool:
+        """A new map is in effect; True when it fenced the node (quorum back after a degraded spell)."""
+        was, self._degraded = self._degraded, degraded
+        return self._fence(now, epoch) if was and not degraded else False
+
+    def may_unfence(self, now: float, has_quorum: bool, epoch: int) -> bool:
+        """True (and unfenced) once the node knows the committed epoch (see the class doc)."""
+        if not self.fenced:
+            return True
+        if not has_quorum or self._degraded:
+            self._quorum_since = None
+            return False
+        if self._quorum_since is None:
+            self._quorum_since = now
+        if epoch > self.fenced_epoch or now - self._quorum_since >= self.confirm_s:
+            self.fenced = False
+            return True
+        return False

@@ -87,6 +87,7 @@ class Worker:
         await loop.create_unix_connection(lambda: self.channel, sock=sock)
         self.datapath.on_brokers_changed(lambda brokers: self.channel.send(BrokersChanged(tuple(brokers))))
         await self.datapath.start()
+        self.datapath.watch_stalls()
         if self.setup.serving is not None and self.fleet:
             self._apply(self.setup.serving, acknowledge=False)
         self.channel.send(Ready(self.setup.index, os.getpid(), self._brokers(), self._last_version))

@@ -4,7 +4,9 @@ a light module the CLI reads for its options without importing the drill machine
 from __future__ import annotations
 
 CASCADES = ("kill-two", "freeze-two", "leader-kill-two")  # two nodes of three, one after the other
-FAULTS = ("kill", "freeze", "partition", "leader-kill", "broker-kill", "drain", "rolling-restart") + CASCADES
+# Emulated hosts only (chaos.drills.host_faults): one-way drops, a flapping link, two hosts cut off.
+HOST_FAULTS = ("partition-one-way", "flap", "partition-two")
+FAULTS = ("kill", "freeze", "partition", "leader-kill", "broker-kill", "drain", "rolling-restart") + CASCADES + HOST_FAULTS
 CONTROLS = ("none",)  # no fault: a baseline
 FLEET_FAULTS = frozenset(FAULTS) - {"broker-kill"}
 

@@ -22,11 +22,13 @@ Faults and what they need:
 
 =================  ==========================================================
 kill               SIGKILL a random proxy node; restart it afterwards
-freeze             SIGSTOP a random proxy node; SIGCONT after recovery (at
-                   least ``hold_s`` after the fault)
+freeze             SIGSTOP a random proxy node (on emulated hosts: every process
+                   of its host); SIGCONT after recovery (at least ``hold_s``
+                   after the fault)
 partition          drop every packet from/to a random proxy's loopback address
-                   (nftables, ``chaos.drills.netfault``); heal after recovery (at
-                   least ``hold_s``); SKIPPED where nft/CAP_NET_ADMIN is missing
+                   (nftables, ``chaos.drills.netfault``; on emulated hosts: its
+                   link down); heal after recovery (at least ``hold_s``);
+                   SKIPPED where nft/CAP_NET_ADMIN is missing
 leader-kill        SIGKILL the Raft leader; restart it afterwards
 broker-kill        SIGKILL a random Kafka broker; restart it afterwards (works
                    without a fleet, straight against Kafka)
@@ -42,6 +44,8 @@ kill-two           the fleet losing two of three nodes (issue 4): SIGKILL the no
                    then restart both and wait until the identities rebalance
 freeze-two         the same with SIGSTOP (SIGCONT both at the end)
 leader-kill-two    the same with the Raft leader as each victim
+partition-one-way, flap, partition-two
+                   emulated hosts only: ``chaos.drills.host_faults``
 none               the control (not in ``FAULTS``): a ``fault`` event naming a
                    random live proxy and nothing else, then as long as a drain
                    takes; the same measures over the same kind of window give
@@ -64,6 +68,7 @@ from typing import Any
 import attrs
 import trio
 
+from chaos.drills import host_faults
 from chaos.drills.fault_names import CONTROLS, FAULTS, FLEET_FAULTS, FaultFailed, FaultUnavailable
 from chaos.drills.watcher import VIEW_TIMEOUT_S, ReactionWatcher, in_thread
 from chaos.trace import TraceWriter
@@ -132,12 +137,15 @@ class FaultContext:
     async def await_effects(self, step: dict[str, Any], *, down: bool = True) -> None:
         """Wait until every client recovered and the fleet reacted (each with its deadline)."""
         ts, node = step["fault_ts_ns"], step["node"]
-        step["recovered"] = await self.wait_recovered(ts)
-        if self.watcher is not None:
-            w = self.watcher
-            ok_down = (await w.wait_for(lambda: w.down_since(node, ts), self.react_timeout_s)) if down else True
-            ok_commit = await w.wait_for(lambda: w.committed_since(ts), self.react_timeout_s)
-            step["reacted"] = ok_down and ok_commit
+        async with trio.open_nursery() as nursery:
+            if down:  # on emulated hosts: fault -> a survivor holds the victim's address
+                nursery.start_soon(host_faults.watch_address, self, step)
+            step["recovered"] = await self.wait_recovered(ts)
+            if self.watcher is not None:
+                w = self.watcher
+                ok_down = (await w.wait_for(lambda: w.down_since(node, ts), self.react_timeout_s)) if down else True
+                ok_commit = await w.wait_for(lambda: w.committed_since(ts), self.react_timeout_s)
+                step["reacted"] = ok_down and ok_commit
 
 
 def check(fault: str, *, fleet: Any | None, kafka: Any | None) -> None:
@@ -150,11 +158,8 @@ def check(fault: str, *, fleet: Any | None, kafka: Any | None) -> None:
         raise FaultUnavailable(f"{fault} needs a proxy fleet")
     if fault == "broker-kill" and kafka is None:
         raise FaultUnavailable("broker-kill needs the local Kafka cluster (the fleet runs against an external one)")
-    if fault == "partition" and getattr(fleet, "hosts", None) is not None:
-        # The loopback nftables rules (chaos.drills.netfault) do not see traffic between
-        # namespaces on a bridge: on emulated hosts they would partition nothing.
-        raise FaultUnavailable("partition: not built for emulated hosts yet (loopback nftables rules only)")
-    if fault == "partition":
+    host_faults.check(fault, fleet)
+    if fault == "partition" and getattr(fleet, "hosts", None) is None:
         from chaos.drills.netfault import partition_support
 
         ok, why = partition_support()
@@ -166,7 +171,7 @@ def check(fault: str, *, fleet: Any | None, kafka: Any | None) -> None:
 async def _signal_fault(ctx: FaultContext, victim: str, sig: str) -> dict[str, Any]:
     assert ctx.fleet is not None
     ts = time.time_ns()
-    await ctx.call(ctx.fleet.signal_node, victim, sig, timeout_s=10)
+    await host_faults.signal_host(ctx, victim, sig)
     return ctx.mark_fault(victim, ts)
 
 
@@ -257,7 +262,7 @@ async def _cascade(ctx: FaultContext, sig: str,
         if sig == "STOP":
             with trio.CancelScope(shield=True):
                 for step in steps:
-                    await ctx.call(ctx.fleet.signal_node, step["node"], "CONT", timeout_s=10)
+                    await host_faults.signal_host(ctx, step["node"], "CONT")
     for step in steps:
         if sig == "STOP":
             if not await _wait_alive(ctx, step["node"]):
@@ -295,7 +300,7 @@ async def freeze(ctx: FaultContext) -> None:
         await ctx.hold_until(step["fault_ts_ns"])
     finally:
         with trio.CancelScope(shield=True):
-            await ctx.call(ctx.fleet.signal_node, victim, "CONT", timeout_s=10)
+            await host_faults.signal_host(ctx, victim, "CONT")
     if not await _wait_alive(ctx, victim):
         raise FaultFailed(f"{victim} is not alive {ctx.restore_timeout_s:.0f} s after SIGCONT")
     ctx.mark_back(step)
@@ -306,6 +311,9 @@ async def partition(ctx: FaultContext) -> None:
     from chaos.drills.netfault import Partition
 
     assert ctx.fleet is not None
+    if getattr(ctx.fleet, "hosts", None) is not None:  # a host's link, not a loopback address
+        await host_faults.partition_host(ctx)
+        return
     victim = ctx.rng.choice(await ctx.live_nodes())
     address = await ctx.call(ctx.fleet.node_address, victim, timeout_s=10)
     peers = {await ctx.call(ctx.fleet.node_address, n, timeout_s=10) for n in ctx.fleet.node_ids if n != victim}
@@ -437,5 +445,8 @@ INJECT: dict[str, Callable[[FaultContext], Awaitable[None]]] = {
     "kill-two": kill_two,
     "freeze-two": freeze_two,
     "leader-kill-two": leader_kill_two,
+    "partition-one-way": host_faults.partition_one_way,
+    "flap": host_faults.flap,
+    "partition-two": host_faults.partition_two,
     "none": control,
 }

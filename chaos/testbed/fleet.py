@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -93,12 +94,14 @@ class LocalFleet(ClusterAdmin):
             else:
                 upstream = _split(kafka_bootstrap)
             addresses = [plan.host(n).address for n in node_ids] if plan is not None else None
+            floating = [str(plan.host(n).floating) for n in node_ids] if plan is not None else None
             cfg = fleet_config(state / "fleet.toml", upstream, proxies,
                                racks=racks or [f"rack-{i}" for i in (1, 2, 3)], first_ip=first_ip,
-                               extra=extra_config, hosts=addresses, workers=workers)
+                               extra=extra_config, hosts=addresses, floating=floating, workers=workers)
             nodes = [NodeProcess(cfg, n, addresses[i] if addresses else node_ip(i, first_ip), ADMIN_PORT,
                                  state / "logs" / f"{n}.log",
-                                 exec_prefix=plan.exec_prefix(n) if plan is not None else ())
+                                 exec_prefix=plan.exec_prefix(n) if plan is not None else (),
+                                 bootstrap_host=floating[i] if floating else None)
                      for i, n in enumerate(node_ids)]
             fleet = cls(state, cfg, nodes, kafka, upstream, plan)
             for n in nodes:
@@ -108,10 +111,24 @@ class LocalFleet(ClusterAdmin):
                 n.wait_ready(timeout)
             fleet.wait_healthy(timeout)
             fleet.wait_balanced(timeout)  # nodes that joined last get their identities a moment later
+            if plan is not None:
+                fleet.wait_addresses_settled(timeout)
         except BaseException:
             fleet.down()
             raise
         return fleet
+
+    def wait_addresses_settled(self, timeout: float) -> None:
+        """Emulated hosts: wait until each node's host holds its own floating address and no
+        other (a node that started without quorum may hold a peer's for a moment)."""
+        assert self.hosts is not None
+        net = HostNet(self.hosts)
+        want = {h.floating: [h.name] for h in self.hosts.hosts if h.floating}
+        deadline = time.monotonic() + timeout
+        while (held := net.holders()) != want:
+            if time.monotonic() > deadline:
+                raise LocalFleetError(f"floating addresses not settled within {timeout}s: {held}")
+            time.sleep(0.05)
 
     @classmethod
     def load(cls, state_dir: str | os.PathLike[str]) -> "LocalFleet":
@@ -122,7 +139,7 @@ class LocalFleet(ClusterAdmin):
         data = json.loads(path.read_text())
         cfg = Path(data["config"])
         nodes = [NodeProcess(cfg, n["id"], n["host"], n["admin_port"], n["log"], pid=n.get("pid"),
-                             exec_prefix=tuple(n.get("exec_prefix", ())))
+                             exec_prefix=tuple(n.get("exec_prefix", ())), bootstrap_host=n.get("bootstrap_host"))
                  for n in data["nodes"]]
         kafka_dir = data.get("kafka_state_dir")
         kafka = KafkaCluster.load(kafka_dir) if kafka_dir and (Path(kafka_dir) / "cluster.json").exists() else None
@@ -135,7 +152,8 @@ class LocalFleet(ClusterAdmin):
             "upstream": self.upstream,
             "kafka_state_dir": str(self.kafka.state_dir) if self.kafka else None,
             "nodes": [{"id": n.node_id, "host": n.host, "admin_port": n.admin_port, "log": str(n.log_path),
-                       "pid": n.pid, "exec_prefix": list(n.exec_prefix)} for n in self.nodes.values()],
+                       "pid": n.pid, "exec_prefix": list(n.exec_prefix), "bootstrap_host": n.bootstrap_host}
+                      for n in self.nodes.values()],
             "hosts": self.hosts.to_json() if self.hosts is not None else None,
         }
         tmp = self.state_dir / "fleet.json.tmp"

@@ -7,10 +7,15 @@ Theory of operation
 it names one namespace per host, the veth pair that plugs it into the bridge, and its address.
 Addresses come only from the benchmarking range ``SUBNET`` (198.18.0.0/24, RFC 2544):
 
-  .1   the bridge itself, in the root namespace: the harness (admin calls, the final read)
-  .2   ``kafka``: every broker, one port each (as on loopback)
-  .3   ``clients``: the drill's workload processes
-  .11+ ``p1``, ``p2``, …: one proxy node each
+  .1    the bridge itself, in the root namespace: the harness (admin calls, the final read)
+  .2    ``kafka``: every broker, one port each (as on loopback)
+  .3    ``clients``: the drill's workload processes
+  .11+  ``p1``, ``p2``, …: each node's floating address, the one it advertises (the nodes take
+        them with the ``netns`` address mover, proxy.addresses; a survivor takes a down node's)
+  .111+ ``p1``, ``p2``, …: each node's host's own address (Raft, admin, upstream connections)
+
+A node's host lets processes bind addresses it does not hold (``net.ipv4.ip_nonlocal_bind``), so
+that a node binds its listeners before its floating address is on its link.
 
 ``HostNet`` is the thin I/O shell: it runs the plan's ``ip`` commands (``setup_commands``,
 ``teardown_commands``), refuses to start when any link already carries an address of the range
@@ -45,7 +50,8 @@ SUBNET = TEST_RANGE  # the netns address mover takes addresses of this range onl
 BRIDGE_HOST = 1
 KAFKA_HOST = 2
 CLIENTS_HOST = 3
-FIRST_NODE_HOST = 11
+FIRST_NODE_HOST = 11  # the nodes' floating addresses
+FIRST_NODE_OWN = 111  # the nodes' hosts' own addresses
 KAFKA = "kafka"
 CLIENTS = "clients"
 IFNAMSIZ = 15  # longest Linux interface name
@@ -67,6 +73,7 @@ class Host:
     namespace: str
     veth: str  # the root namespace's end of the pair, a port of the bridge
     address: str
+    floating: str | None = None  # a node's advertised address (moves between node hosts)
 
 
 @attrs.frozen
@@ -85,7 +92,8 @@ class HostPlan:
     @property
     def addresses(self) -> frozenset[str]:
         """Every address on a link this plan creates."""
-        return frozenset({self.bridge_address, *(h.address for h in self.hosts)})
+        return frozenset({self.bridge_address, *(h.address for h in self.hosts),
+                          *(h.floating for h in self.hosts if h.floating)})
 
     def require_owned(self, address: str) -> str:
         """``address`` (a bare IP or ``host:port``) if it is on a link of this plan, else HostsError."""
@@ -112,6 +120,8 @@ class HostPlan:
                      ["ip", "link", "set", h.veth, "up"],
                      ["ip", "-n", h.namespace, "addr", "add", f"{h.address}/{plen}", "dev", INNER_LINK],
                      ["ip", "-n", h.namespace, "link", "set", INNER_LINK, "up"]]
+            if h.floating:
+                cmds.append(["ip", "netns", "exec", h.namespace, "sysctl", "-qw", "net.ipv4.ip_nonlocal_bind=1"])
         return cmds
 
     def teardown_commands(self) -> list[list[str]]:
@@ -139,16 +149,17 @@ def plan_hosts(tag: str, node_ids: Sequence[str]) -> HostPlan:
     """The namespaces, links and addresses of a fleet (see the module docstring)."""
     if not node_ids:
         raise HostsError("no proxy nodes to place")
-    last = FIRST_NODE_HOST + len(node_ids) - 1
-    if last >= SUBNET.num_addresses - 1:
+    if FIRST_NODE_HOST + len(node_ids) > FIRST_NODE_OWN or FIRST_NODE_OWN + len(node_ids) >= SUBNET.num_addresses - 1:
         raise HostsError(f"{len(node_ids)} nodes do not fit in {SUBNET}")
-    names = [(KAFKA, KAFKA_HOST), (CLIENTS, CLIENTS_HOST), *((n, FIRST_NODE_HOST + i) for i, n in enumerate(node_ids))]
+    names = [(KAFKA, KAFKA_HOST, None), (CLIENTS, CLIENTS_HOST, None),
+             *((n, FIRST_NODE_OWN + i, FIRST_NODE_HOST + i) for i, n in enumerate(node_ids))]
     hosts = []
-    for name, offset in names:
+    for name, offset, floating in names:
         link = f"{tag}-{name}"
         if len(link) > IFNAMSIZ:
             raise HostsError(f"link name {link!r} is longer than {IFNAMSIZ} characters")
-        hosts.append(Host(name, namespace=link, veth=link, address=str(SUBNET[offset])))
+        hosts.append(Host(name, namespace=link, veth=link, address=str(SUBNET[offset]),
+                          floating=str(SUBNET[floating]) if floating is not None else None))
     bridge = f"{tag}-br"
     if len({h.name for h in hosts}) != len(hosts) or bridge in {h.veth for h in hosts}:
         raise HostsError(f"host names collide: {[h.name for h in hosts]}")
@@ -229,6 +240,74 @@ class HostNet:
         while (left := self.leftovers()) and self.clock() < deadline:
             self.sleep(0.05)
         return left
+
+    def holders(self) -> dict[str, list[str]]:
+        """Each floating address of the plan -> the node hosts whose link holds it now (the
+        truth the address movers act on: one host each, except for a moment during a move).
+        One shell for every host (about 15 ms): fault-to-moved times are polled with it."""
+        nodes = [h for h in self.plan.hosts if h.floating]
+        script = "; ".join(f"echo @{h.name}; ip -n {h.namespace} -o -4 addr show dev {INNER_LINK}" for h in nodes)
+        proc = self.run(["sh", "-c", script])
+        out: dict[str, list[str]] = {str(h.floating): [] for h in nodes}
+        host = None
+        for line in proc.stdout.splitlines():
+            if line.startswith("@"):
+                host = line[1:]
+                continue
+            words = line.split()
+            if host is not None and "inet" in words:
+                ip = words[words.index("inet") + 1].split("/")[0]
+                if ip in out:
+                    out[ip].append(host)
+        return out
+
+    def mac_of(self, name: str) -> str:
+        """The MAC address of host ``name``'s link (to tell which host answered ARP)."""
+        links = self._ip_json("-n", self.plan.host(name).namespace, "link", "show", "dev", INNER_LINK)
+        return str(links[0]["address"])
+
+    def pids(self, name: str) -> list[int]:
+        """Every process running on host ``name`` (``ip netns pids``)."""
+        proc = self.run(["ip", "netns", "pids", self.plan.host(name).namespace])
+        if proc.returncode != 0:
+            raise HostsError(f"ip netns pids {self.plan.host(name).namespace}: {proc.stderr.strip()}")
+        return [int(p) for p in proc.stdout.split()]
+
+    def signal_host(self, name: str, sig: int) -> list[int]:
+        """Signal every process of host ``name`` (SIGSTOP: the host freezes, as a stalled VM
+        does; its kernel still answers ARP and holds its sockets). Returns the PIDs signalled."""
+        pids = self.pids(name)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                continue
+        return pids
+
+    def set_link(self, name: str, up: bool) -> None:
+        """Cut host ``name`` off the bridge, or plug it back: its veth's bridge end down or up
+        (its own end then has no carrier; its addresses stay)."""
+        cmd = ["ip", "link", "set", self.plan.host(name).veth, "up" if up else "down"]
+        proc = self.run(cmd)
+        if proc.returncode != 0:
+            raise HostsError(f"{' '.join(cmd)}: {proc.stderr.strip()}")
+
+    def one_way(self, name: str, drop: bool) -> None:
+        """Drop (or stop dropping) every packet host ``name`` receives on its link, with an
+        nftables table inside its namespace: it still sends (heartbeats, Raft) but hears nothing."""
+        ns = self.plan.host(name).namespace
+        table = f"{self.plan.tag}_oneway"
+        if drop:
+            script = (f"add table inet {table}\n"
+                      f"add chain inet {table} input {{ type filter hook input priority -300; policy accept; }}\n"
+                      f"add rule inet {table} input iifname {INNER_LINK} drop\n")
+            cmd = ["ip", "netns", "exec", ns, "nft", "-f", "-"]
+            proc = subprocess.run(cmd, input=script, capture_output=True, text=True, timeout=30)
+        else:
+            cmd = ["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", table]
+            proc = self.run(cmd)
+        if proc.returncode != 0:
+            raise HostsError(f"{' '.join(cmd)}: {proc.stderr.strip()[:300]}")
 
     def leftovers(self) -> list[str]:
         """The namespaces, links and addresses of the plan that exist now."""

@@ -48,9 +48,10 @@ def fleet_config(path: str | os.PathLike[str], upstream: list[str], proxies: int
                  fleet: bool = True, racks: list[str] | None = None, tap_dir: str | None = None,
                  bootstrap_port: int = BOOTSTRAP_PORT, port_base: int = PORT_BASE, admin_port: int = ADMIN_PORT,
                  raft_port: int = RAFT_PORT, log_format: str = "json", extra: dict[str, Any] | None = None,
-                 hosts: list[str] | None = None, workers: int = 1) -> Path:
+                 hosts: list[str] | None = None, floating: list[str] | None = None, workers: int = 1) -> Path:
     """Write the fleet's TOML. Secrets go to ``<path>.env`` (0600), never into the TOML.
-    ``hosts``: node i's address (emulated hosts); default 127.0.0.<first_ip + i>.
+    ``hosts``: node i's address (emulated hosts); default 127.0.0.<first_ip + i>. ``floating``:
+    node i's floating address (its advertised one; the netns address mover moves it).
     ``workers``: data-path processes per node. One unless asked: several nodes
     share this machine's few cores, where more processes per node add only noise."""
     path = Path(path)
@@ -60,6 +61,8 @@ def fleet_config(path: str | os.PathLike[str], upstream: list[str], proxies: int
         host = hosts[i] if hosts else node_ip(i, first_ip)
         node: dict[str, Any] = {"id": f"p{i + 1}", "host": host, "bootstrap_port": bootstrap_port,
                                 "admin_port": admin_port, "workers": workers}
+        if floating:
+            node["floating_host"] = floating[i]
         if fleet:
             node["raft_port"] = raft_port
         if racks:
@@ -74,6 +77,8 @@ def fleet_config(path: str | os.PathLike[str], upstream: list[str], proxies: int
     }
     if fleet:
         doc["fleet"] = {"password_env": "KPROXY_RAFT_PASSWORD"}
+    if floating:
+        doc["addresses"] = {"mover": "netns"}
     if tap_dir:
         doc["debug"] = {"tap_dir": tap_dir}
     for section, values in (extra or {}).items():
@@ -104,9 +109,11 @@ class NodeProcess(NodeAdmin):
     """One ``kproxy run`` process, and the client of its admin endpoint."""
 
     def __init__(self, config_path: str | os.PathLike[str], node_id: str, host: str, admin_port: int,
-                 log_path: str | os.PathLike[str], pid: int | None = None, exec_prefix: tuple[str, ...] = ()) -> None:
-        """``exec_prefix``: run the node through it (``ip netns exec NS``: an emulated host)."""
-        super().__init__(node_id, host, admin_port)
+                 log_path: str | os.PathLike[str], pid: int | None = None, exec_prefix: tuple[str, ...] = (),
+                 bootstrap_host: str | None = None) -> None:
+        """``exec_prefix``: run the node through it (``ip netns exec NS``: an emulated host);
+        ``bootstrap_host``: its floating address, where clients reach it (default ``host``)."""
+        super().__init__(node_id, host, admin_port, bootstrap_host=bootstrap_host)
         self.exec_prefix = tuple(exec_prefix)
         self.config_path = Path(config_path).resolve()
         self.log_path = Path(log_path)

@@ -2,8 +2,9 @@
 
 Theory of operation
 -------------------
-Each node advertises one address. On one kernel (loopback) a survivor stands in for a vacant
-node by binding its address (``proxy.takeover``); on real hosts the address itself must move, so
+Each node advertises one address (``nodes[].floating_host`` when it floats). On one kernel
+(loopback) a survivor stands in for a vacant node by binding its address (``proxy.takeover``);
+on real hosts the address itself must move, so
 that the vacant host's clients meet a live kernel (RST for old connections, a live node for new
 ones). Moving it is the job of an *address mover*, chosen in the config (``[addresses]``):
 
@@ -18,10 +19,18 @@ ones). Moving it is the job of an *address mover*, chosen in the config (``[addr
              environment (``KPROXY_ACTION``, ``KPROXY_ADDRESS``, ``KPROXY_PREFIX_LEN``,
              ``KPROXY_NODE``, ``KPROXY_INTERFACE``).
 
+Who holds what is decided in ``proxy.takeover`` (pure): a node's own host holds its address
+while the committed map has it up; one survivor (``address_holder``) holds a down node's and
+listens on all its ports; a draining node keeps its own. A node that stalled or regained quorum
+after a degraded spell is fenced (``Fence``): it gives every address back and drops its
+connections until it knows the committed epoch.
+
 Layout: ``config`` parses and checks the ``[addresses]`` table (pure); ``plan`` turns a take or a
 release into the steps to run (pure: argv lists and ARP frames, testable without root);
-``movers`` is the thin shell that runs them (subprocess, an AF_PACKET socket). Every mover
-refuses an address outside its configured networks, and the ``netns``/``linux`` movers also one
-that is not on the network of a link the host holds (``plan.on_link``): a mover never
-announces an address it does not own.
+``movers`` is the thin shell that runs them (subprocess, an AF_PACKET socket); ``floating`` is
+the data path's shell (takes and releases in a worker thread, ticks the fence); ``tickle``
+builds and sends the tickle ACKs that reset a down node's silent clients, and ``peers`` polls
+the peers' client lists for them (``GET /clients``). Every mover refuses an address outside its
+configured networks, and the ``netns``/``linux`` movers also one that is not on the network of a
+link the host holds (``plan.on_link``): a mover never announces an address it does not own.
 """

@@ -28,3 +28,31 @@ def test_control_is_not_a_fault_and_needs_a_fleet():
         faults.check("none", fleet=None, kafka=object())
     with pytest.raises(ValueError, match="unknown fault"):
         faults.check("nothing", fleet=object(), kafka=object())
+
+
+class _Fleet:
+    def __init__(self, hosts: object | None) -> None:
+        self.hosts = hosts
+
+
+def test_host_faults_need_emulated_hosts_and_partition_one_way_needs_nft(monkeypatch):
+    from chaos.drills import host_faults
+    from chaos.testbed.hosts import plan_hosts
+
+    assert set(faults.INJECT) >= set(faults.FAULTS)  # every fault has an injector
+    for fault in ("partition-one-way", "flap", "partition-two"):
+        with pytest.raises(faults.FaultUnavailable, match="needs emulated hosts"):
+            faults.check(fault, fleet=_Fleet(None), kafka=object())
+    on_hosts = _Fleet(plan_hosts("kpabcde", ["p1", "p2", "p3"]))
+    faults.check("flap", fleet=on_hosts, kafka=object())
+    faults.check("partition", fleet=on_hosts, kafka=object())  # its link, not loopback nftables
+    monkeypatch.setattr(host_faults.shutil, "which", lambda name: None)
+    with pytest.raises(faults.FaultUnavailable, match="nft command"):
+        faults.check("partition-one-way", fleet=on_hosts, kafka=object())
+
+
+def test_bench_failover_refuses_a_fault_it_does_not_measure():
+    from chaos.bench.failover import run
+
+    with pytest.raises(ValueError, match="not one of"):
+        run(fault="drain")

@@ -19,7 +19,10 @@ def test_plan_gives_each_host_a_namespace_a_veth_and_an_address_of_the_test_rang
     assert plan.bridge == "kpabcde-br" and plan.bridge_address == "198.18.0.1"
     assert [(h.name, h.namespace, h.address) for h in plan.hosts] == [
         ("kafka", "kpabcde-kafka", "198.18.0.2"), ("clients", "kpabcde-clients", "198.18.0.3"),
-        ("p1", "kpabcde-p1", "198.18.0.11"), ("p2", "kpabcde-p2", "198.18.0.12"), ("p3", "kpabcde-p3", "198.18.0.13")]
+        ("p1", "kpabcde-p1", "198.18.0.111"), ("p2", "kpabcde-p2", "198.18.0.112"),
+        ("p3", "kpabcde-p3", "198.18.0.113")]
+    # Each node advertises a floating address of its own, apart from its host's.
+    assert [h.floating for h in plan.hosts] == [None, None, "198.18.0.11", "198.18.0.12", "198.18.0.13"]
     assert plan.exec_prefix("p2") == ("ip", "netns", "exec", "kpabcde-p2")
     assert HostPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
 
@@ -41,6 +44,7 @@ def test_only_addresses_on_the_plans_links_are_accepted():
     plan = plan_hosts("kpabcde", ["p1"])
     assert plan.require_owned("198.18.0.11:9092") == "198.18.0.11:9092"
     assert plan.require_owned("198.18.0.2") == "198.18.0.2"
+    assert plan.require_owned("198.18.0.111") == "198.18.0.111"  # p1's host's own
     for outside in ("198.18.0.12:9092", "127.0.0.1:19092", "198.18.1.11:9092", "10.0.0.1"):
         with pytest.raises(HostsError, match="not an address on a link the launcher created"):
             plan.require_owned(outside)
@@ -53,7 +57,10 @@ def test_setup_brings_up_lo_and_addresses_each_namespace_teardown_deletes_every_
                          "ip link set kpabcde-br up"]
     assert "ip -n kpabcde-p1 link set lo up" in setup
     assert "ip link add kpabcde-p1 type veth peer name eth0 netns kpabcde-p1" in setup
-    assert "ip -n kpabcde-p1 addr add 198.18.0.11/24 dev eth0" in setup
+    assert "ip -n kpabcde-p1 addr add 198.18.0.111/24 dev eth0" in setup
+    # A node binds its floating address before it holds it (the address moves later).
+    assert "ip netns exec kpabcde-p1 sysctl -qw net.ipv4.ip_nonlocal_bind=1" in setup
+    assert "ip netns exec kpabcde-kafka sysctl -qw net.ipv4.ip_nonlocal_bind=1" not in setup
     assert "ip link set kpabcde-p1 master kpabcde-br" in setup
     teardown = [" ".join(c) for c in plan.teardown_commands()]
     assert teardown == ["ip link delete kpabcde-kafka", "ip link delete kpabcde-clients", "ip link delete kpabcde-p1",
@@ -106,7 +113,7 @@ def test_create_refuses_when_an_address_of_the_range_is_already_on_a_link():
 
 
 def test_create_rolls_back_everything_when_a_step_fails():
-    ip = FakeIp(fail_on="addr add 198.18.0.11/24")
+    ip = FakeIp(fail_on="addr add 198.18.0.111/24")
     net = HostNet(plan_hosts("kpabcde", ["p1"]), run=ip, sleep=lambda s: None)
     with pytest.raises(HostsError, match="Operation not permitted"):
         net.create()

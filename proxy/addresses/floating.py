@@ -1,0 +1,152 @@
+"""The I/O shell of one node's floating addresses: takes and releases what
+``proxy.takeover`` decides, with the mover of ``[addresses]``, and runs the fence.
+
+:class:`FloatingAddresses` is driven by the data path (``proxy.datapath``): ``sync(map)`` after
+every map (and after a fence or an unfence) takes and releases addresses in a worker thread (a
+take is an ``ip`` command and an ARP, milliseconds: never on the loop), then sends the tickle
+ACKs to the clients of each down node whose address it took; ``watch()`` ticks the
+:class:`proxy.takeover.Fence`. A failed take or release is logged and tried again at the next
+sync (the reconciler only records what was done).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from membership.serving import ServingMap
+from proxy.addresses.config import MoverConfig
+from proxy.addresses.movers import AddressMover, MoverError, build_mover
+from proxy.addresses.peers import PeerClients
+from proxy.addresses.plan import AddressRefused, FloatingAddress
+from proxy.addresses.tickle import send_tickles
+from proxy.takeover import AddressReconciler, Fence, ReleaseAddress, TakeAddress, wanted_addresses
+
+log = logging.getLogger("kproxy.addresses")
+
+# The fence's tick. A stall is seen at once after the node thaws (the overdue timer fires
+# first), so this bounds only how late the fence is lifted; it is an idle node's wake-up rate.
+FENCE_TICK_S = 0.1
+# Tickles go out twice, this far apart: the first may race the clients' ARP update.
+TICKLE_AGAIN_S = 0.3
+
+
+def floating_address(config: MoverConfig, node: str, host: str) -> FloatingAddress:
+    """``host`` with the prefix of the configured network that holds it (the link's network)."""
+    ip = ipaddress.IPv4Address(host)
+    net = next((n for n in config.networks if ip in n), None)
+    if net is None:
+        raise AddressRefused(f"{ip} is outside the networks of the {config.kind} mover")
+    return FloatingAddress(ip, net.prefixlen, node)
+
+
+class FloatingAddresses:
+    def __init__(self, config: MoverConfig, node_id: str, own_host: str, *, fleet: bool, stall_s: float,
+                 confirm_s: float, mover: AddressMover | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.node_id = node_id
+        self.own_host = own_host
+        self.fleet = fleet
+        self.mover = mover or build_mover(config)
+        self.reconciler = AddressReconciler()
+        self.clock = clock
+        self.fence = Fence(stall_s, confirm_s, clock())
+        self.has_quorum: Callable[[], bool] = lambda: True  # the runtime's member view, when there is one
+        self.peer_clients: PeerClients | None = None  # the runtime's poller, when there is one
+        self.tickles_sent = 0
+        self._lock = asyncio.Lock()
+
+    @property
+    def held(self) -> frozenset[str]:
+        """The nodes whose address this host holds now."""
+        return frozenset(self.reconciler.held)
+
+    async def sync(self, serving: ServingMap, *, draining: bool) -> frozenset[str]:
+        """Take and release until the host holds what ``serving`` asks; returns what it holds."""
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            wanted = wanted_addresses(serving, self.node_id, fleet=self.fleet, fenced=self.fence.fenced,
+                                      draining=draining)
+            for action in self.reconciler.plan(wanted, serving, (self.node_id, self.own_host)):
+                address = floating_address(self.config, action.node, action.host)
+                step = self.mover.take if isinstance(action, TakeAddress) else self.mover.release
+                started = self.clock()
+                try:
+                    await loop.run_in_executor(None, step, address)
+                except (MoverError, AddressRefused, OSError) as exc:
+                    log.warning("floating address not moved", extra={
+                        "action": type(action).__name__, "node": action.node, "address": action.host,
+                        "reason": str(exc)})
+                    continue
+                if isinstance(action, ReleaseAddress):
+                    self.reconciler.released(action)
+                    continue
+                self.reconciler.taken(action)
+                log.info("holding a floating address", extra={
+                    "node": action.node, "address": action.host, "ms": round((self.clock() - started) * 1e3, 1)})
+                if action.node != self.node_id:
+                    loop.create_task(self._tickle(action))
+            return self.held
+
+    async def _tickle(self, action: TakeAddress) -> None:
+        """Reset the silent clients of the node whose address was just taken (tickle ACKs)."""
+        pairs = self.peer_clients.of(action.node) if self.peer_clients is not None else ()
+        if not pairs:
+            return
+        loop = asyncio.get_running_loop()
+        for attempt in range(2):
+            if attempt:
+                await asyncio.sleep(TICKLE_AGAIN_S)
+            if self.reconciler.held.get(action.node) != action.host:
+                return  # given back meanwhile
+            try:
+                sent = await loop.run_in_executor(None, send_tickles, action.host, pairs)
+            except OSError as exc:
+                log.warning("tickle ACKs not sent", extra={"node": action.node, "reason": str(exc)})
+                return
+            self.tickles_sent += sent
+            log.info("tickle ACKs sent", extra={"node": action.node, "address": action.host, "clients": sent})
+
+    async def watch(self, serving: Callable[[], ServingMap], fenced: Callable[[], None],
+                    resync: Callable[[], Awaitable[None]]) -> None:
+        """Tick the fence: on a stall, ``fenced()`` (drop the connections) and give every address
+        back; once unfenced, ``resync()`` (take back what the map says)."""
+        self.fence.start_ticking(self.clock())
+        while True:
+            await asyncio.sleep(FENCE_TICK_S)
+            now = self.clock()
+            epoch = serving().epoch
+            if self.fence.tick(now, epoch):
+                log.warning("this node stalled: fencing (addresses given back until the committed map is known)",
+                            extra={"node": self.node_id})
+                fenced()
+                await resync()
+            elif self.fence.fenced and self.fence.may_unfence(now, self.has_quorum(), epoch):
+                log.info("fence lifted: the committed map is known", extra={"node": self.node_id})
+                await resync()
+
+    def map_seen(self, serving: ServingMap) -> bool:
+        """A new map: True when it fences the node (quorum back after a degraded spell)."""
+        if self.fence.map_seen(self.clock(), serving.degraded, serving.epoch):
+            log.warning("quorum back after a degraded spell: fencing", extra={"node": self.node_id})
+            return True
+        return False
+
+    async def release_all(self) -> None:
+        """Give back the addresses of other nodes (stopping); the node's own stays: its kernel
+        refuses connections while nobody else holds the address."""
+        async with self._lock:
+            loop = asyncio.get_running_loop()
+            for node, host in sorted(self.reconciler.held.items()):
+                if node == self.node_id:
+                    continue
+                try:
+                    await loop.run_in_executor(None, self.mover.release,
+                                               floating_address(self.config, node, host))
+                except (MoverError, AddressRefused, OSError) as exc:
+                    log.warning("floating address not released", extra={"node": node, "reason": str(exc)})
+                self.reconciler.released(ReleaseAddress(node, host))

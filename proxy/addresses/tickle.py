@@ -1,0 +1,95 @@
+"""Tickle ACKs: how the host that took a floating address resets the clients of the node that
+held it (CTDB's trick after an IP takeover).
+
+Moving the address resets only the clients that send something (the new host's kernel has no
+such connection: RST). A client waiting silently for a response (a consumer's long fetch) would
+wait until its request timeout. So the new host sends each of those clients a bare ACK from the
+floating address, with sequence numbers the client does not expect: the client answers with a
+challenge ACK (RFC 5961 §4), which reaches the new host (the address is here now), whose kernel
+has no such connection and answers with RST: the client sees its connection reset at once.
+
+``tickle_segment`` builds the TCP segment (pure, tested without root); ``send_tickles`` sends
+segments from a raw IPv4 socket bound to the floating address (the kernel adds the IP header;
+needs CAP_NET_RAW). The peers' client lists come from ``proxy.addresses.peers``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import random
+import socket
+import struct
+from collections.abc import Iterable
+
+import attrs
+
+log = logging.getLogger("kproxy.addresses")
+
+TCP_HEADER = struct.Struct("!HHIIBBHHH")  # ports, seq, ack, data offset, flags, window, checksum, urgent
+TCP_ACK = 0x10
+IPPROTO_TCP = 6
+WINDOW = 1024
+
+
+@attrs.frozen(slots=True)
+class ClientPair:
+    """One client connection of a node: the node's port it reached, and the client's address."""
+
+    local_port: int
+    client_ip: str
+    client_port: int
+
+    def to_json(self) -> list[object]:
+        return [self.local_port, self.client_ip, self.client_port]
+
+    @classmethod
+    def from_json(cls, value: object) -> "ClientPair":
+        if not isinstance(value, list) or len(value) != 3:
+            raise ValueError(f"a client pair is [local_port, client_ip, client_port], got {value!r}")
+        local, ip, port = value
+        ipaddress.IPv4Address(ip)
+        if not all(isinstance(p, int) and 0 < p < 65536 for p in (local, port)):
+            raise ValueError(f"ports out of range in {value!r}")
+        return cls(local, ip, port)
+
+
+def checksum(data: bytes) -> int:
+    """The Internet checksum (RFC 1071): ones' complement of the ones' complement sum of 16-bit words."""
+    if len(data) % 2:
+        data += b"\0"
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return ~total & 0xFFFF
+
+
+def pseudo_header(src: ipaddress.IPv4Address, dst: ipaddress.IPv4Address, length: int) -> bytes:
+    return src.packed + dst.packed + struct.pack("!BBH", 0, IPPROTO_TCP, length)
+
+
+def tickle_segment(src: str, src_port: int, dst: str, dst_port: int, seq: int, ack: int) -> bytes:
+    """A bare TCP ACK (20 bytes, no options, no data) from ``src:src_port`` to ``dst:dst_port``
+    with the checksum over the IPv4 pseudo-header."""
+    s, d = ipaddress.IPv4Address(src), ipaddress.IPv4Address(dst)
+    header = TCP_HEADER.pack(src_port, dst_port, seq & 0xFFFFFFFF, ack & 0xFFFFFFFF, 5 << 4, TCP_ACK, WINDOW, 0, 0)
+    csum = checksum(pseudo_header(s, d, len(header)) + header)
+    return header[:16] + struct.pack("!H", csum) + header[18:]
+
+
+def send_tickles(floating_ip: str, pairs: Iterable[ClientPair], rng: random.Random | None = None) -> int:
+    """One tickle ACK to each client of ``pairs`` from ``floating_ip`` (held by this host);
+    returns how many were sent."""
+    rng = rng or random.Random()
+    sent = 0
+    with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP) as s:
+        s.bind((floating_ip, 0))
+        for p in pairs:
+            segment = tickle_segment(floating_ip, p.local_port, p.client_ip, p.client_port,
+                                     rng.getrandbits(32), rng.getrandbits(32))
+            try:
+                s.sendto(segment, (p.client_ip, 0))
+                sent += 1
+            except OSError as exc:  # one unreachable client must not stop the others
+                log.debug("tickle ACK not sent", extra={"client": f"{p.client_ip}:{p.client_port}", "reason": str(exc)})
+    return sent

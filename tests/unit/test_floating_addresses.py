@@ -1,0 +1,269 @@
+"""Floating addresses without root: who holds a down node's address (proxy.takeover), the
+fence, the tickle ACK segment (proxy.addresses.tickle), the peers' client lists and the shell's
+take/release order with a fake mover (proxy.addresses.floating), and the config keys."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import struct
+
+import attrs
+
+import pytest
+
+from membership.serving import BOOTSTRAP, ServingMap, stand_in_duties
+from proxy.addresses.config import parse_mover_config
+from proxy.addresses.floating import FloatingAddresses
+from proxy.addresses.peers import PeerClients
+from proxy.addresses.tickle import TCP_ACK, ClientPair, checksum, pseudo_header, tickle_segment
+from proxy.config import ConfigError, parse
+from proxy.takeover import (AddressReconciler, Fence, ReleaseAddress, TakeAddress, address_holder,
+                            floating_stand_ins, wanted_addresses)
+from topology import PortScheme, ProxyNode
+
+pytestmark = pytest.mark.unit
+
+NODES = tuple(ProxyNode(id=f"p{i}", host=f"198.18.0.1{i}", bootstrap_port=9092, ports=PortScheme(base=9100))
+              for i in (1, 2, 3))
+
+
+def fleet_map(owners: dict[int, str], vacant: set[str] = frozenset(), draining: set[str] = frozenset(),
+              epoch: int = 5) -> ServingMap:
+    return ServingMap(epoch=epoch, owners=owners, nodes=NODES, vacant=frozenset(vacant),
+                      draining=frozenset(draining), stand_ins=stand_in_duties(owners, NODES, vacant, draining))
+
+
+# ------------------------------------------------------------------ who holds what
+def test_exactly_one_survivor_holds_a_down_nodes_address():
+    m = fleet_map({1: "p1", 2: "p2", 3: "p2"}, vacant={"p3"})
+    holder = address_holder(m, "p3")
+    assert holder in {"p1", "p2"}
+    held = {n: wanted_addresses(m, n, fleet=True, fenced=False, draining=False) for n in ("p1", "p2")}
+    assert [n for n in ("p1", "p2") if "p3" in held[n]] == [holder]
+    assert held["p1"] >= {"p1"} and held["p2"] >= {"p2"}  # each keeps its own
+
+
+def test_the_holder_of_two_down_nodes_is_the_one_survivor_and_a_down_node_holds_nothing():
+    m = fleet_map({1: "p1", 2: "p1", 3: "p1"}, vacant={"p2", "p3"})
+    assert address_holder(m, "p2") == address_holder(m, "p3") == "p1"
+    assert wanted_addresses(m, "p1", fleet=True, fenced=False, draining=False) == {"p1", "p2", "p3"}
+    # p2 is alive again but still down in the committed map: it holds nothing, not even its own.
+    assert wanted_addresses(m, "p2", fleet=True, fenced=False, draining=False) == frozenset()
+
+
+def test_a_draining_node_keeps_its_address_and_nobody_takes_it():
+    m = fleet_map({1: "p1", 2: "p1", 3: "p3"}, vacant={"p2"}, draining={"p2"})
+    assert address_holder(m, "p2") is None
+    assert wanted_addresses(m, "p2", fleet=True, fenced=False, draining=True) == {"p2"}
+    assert wanted_addresses(m, "p1", fleet=True, fenced=False, draining=False) == {"p1"}
+
+
+def test_own_address_waits_for_a_committed_map_and_a_fence_gives_everything_back():
+    assert wanted_addresses(ServingMap(), "p1", fleet=True, fenced=False, draining=False) == frozenset()
+    assert wanted_addresses(ServingMap(), "p1", fleet=False, fenced=False, draining=False) == {"p1"}
+    m = fleet_map({1: "p1", 2: "p1", 3: "p1"}, vacant={"p2", "p3"})
+    assert wanted_addresses(m, "p1", fleet=True, fenced=True, draining=False) == frozenset()
+
+
+def test_the_holder_listens_on_every_port_of_the_down_nodes_address():
+    m = fleet_map({1: "p1", 2: "p2", 3: "p1"}, vacant={"p3"})
+    got = floating_stand_ins(m, "p1", {1, 2, 3}, {"p1", "p3"})
+    assert [(s.vacant, s.listener, s.host, s.port) for s in got] == [
+        ("p3", BOOTSTRAP, "198.18.0.13", 9092), ("p3", 1, "198.18.0.13", 9101), ("p3", 2, "198.18.0.13", 9102),
+        ("p3", 3, "198.18.0.13", 9103)]
+    assert floating_stand_ins(m, "p1", {1, 2, 3}, {"p1"}) == ()
+
+
+def test_reconciler_releases_before_it_takes_and_records_only_what_was_done():
+    r = AddressReconciler()
+    m = fleet_map({1: "p1", 2: "p1", 3: "p1"}, vacant={"p3"})
+    first = r.plan({"p1", "p3"}, m, ("p1", "198.18.0.11"))
+    assert first == [TakeAddress("p1", "198.18.0.11"), TakeAddress("p3", "198.18.0.13")]
+    r.taken(first[0])  # the take of p3's address failed: planned again next time
+    assert r.plan({"p1", "p3"}, m, ("p1", "198.18.0.11")) == [TakeAddress("p3", "198.18.0.13")]
+    r.taken(TakeAddress("p3", "198.18.0.13"))
+    assert r.plan({"p1"}, m, ("p1", "198.18.0.11")) == [ReleaseAddress("p3", "198.18.0.13")]
+    assert r.plan(set(), m, ("p1", "198.18.0.11")) == [ReleaseAddress("p1", "198.18.0.11"),
+                                                         ReleaseAddress("p3", "198.18.0.13")]
+
+
+# ------------------------------------------------------------------------ the fence
+def test_a_stall_as_long_as_dead_after_fences_until_quorum_held_for_the_confirm_time():
+    f = Fence(stall_s=1.0, confirm_s=0.6, now=0.0)
+    assert f.tick(0.05, 5) is False and f.tick(0.9, 5) is False  # 0.85 s late: not a stall yet
+    assert f.tick(2.0, 5) is True and f.fenced  # frozen 1.1 s
+    assert f.may_unfence(2.1, True, 5) is False
+    assert f.may_unfence(2.5, False, 5) is False  # quorum lost: the wait starts over
+    assert f.may_unfence(2.6, True, 5) is False
+    assert f.may_unfence(3.1, True, 5) is False
+    assert f.may_unfence(3.3, True, 5) is True and not f.fenced
+
+
+def test_a_newer_committed_epoch_with_quorum_lifts_the_fence_at_once():
+    f = Fence(stall_s=1.0, confirm_s=0.6, now=0.0)
+    f.start_ticking(10.0)
+    assert f.tick(10.5, 5) is False  # the gap before start_ticking is no stall
+    assert f.tick(12.0, 5) is True
+    assert f.may_unfence(12.05, False, 6) is False  # no quorum: the epoch may be a stale leader's
+    assert f.may_unfence(12.1, True, 6) is True  # the fleet declared it down: epoch 6 is news
+
+
+def test_quorum_back_after_a_degraded_spell_fences():
+    f = Fence(stall_s=1.0, confirm_s=0.6, now=0.0)
+    assert f.map_seen(1.0, False, 5) is False
+    assert f.map_seen(2.0, True, 5) is False and not f.fenced  # cut off: keeps serving (no quorum rules)
+    assert f.map_seen(5.0, False, 5) is True and f.fenced  # healed: a survivor may hold its address
+    assert f.may_unfence(5.0, True, 5) is False
+    assert f.may_unfence(5.7, True, 5) is True
+
+
+# -------------------------------------------------------------------- tickle ACKs
+def test_tickle_segment_is_a_bare_ack_with_a_valid_checksum():
+    seg = tickle_segment("198.18.0.11", 9092, "198.18.0.3", 40000, seq=0x01020304, ack=0xFFFFFFFF)
+    assert len(seg) == 20
+    sport, dport, seq, ack, offset, flags, window, _csum, urgent = struct.unpack("!HHIIBBHHH", seg)
+    assert (sport, dport, seq, ack) == (9092, 40000, 0x01020304, 0xFFFFFFFF)
+    assert offset >> 4 == 5 and flags == TCP_ACK == 0x10 and urgent == 0 and window > 0
+    # The receiver's check (RFC 1071): the sum over pseudo-header and segment, checksum included, is 0xFFFF.
+    pseudo = pseudo_header(ipaddress.IPv4Address("198.18.0.11"), ipaddress.IPv4Address("198.18.0.3"), 20)
+    assert checksum(pseudo + seg) == 0
+    other = tickle_segment("198.18.0.12", 9092, "198.18.0.3", 40000, seq=0x01020304, ack=0xFFFFFFFF)
+    assert checksum(pseudo + other) != 0  # the checksum covers the source address
+
+
+def test_checksum_matches_rfc1071_worked_example():
+    # RFC 1071 §3: the words 0001 f203 f4f5 f6f7 sum to ddf2 (with end-around carry); checksum = ~ddf2.
+    assert checksum(bytes.fromhex("0001f203f4f5f6f7")) == 0xFFFF - 0xDDF2
+
+
+def test_client_pairs_parse_only_valid_entries():
+    assert ClientPair.from_json([9092, "198.18.0.3", 40000]) == ClientPair(9092, "198.18.0.3", 40000)
+    for bad in ([9092, "198.18.0.3"], [0, "198.18.0.3", 1], [9092, "not-an-ip", 1], "x"):
+        with pytest.raises(ValueError):
+            ClientPair.from_json(bad)
+
+
+def test_peer_clients_keep_the_last_list_of_a_peer_that_stopped_answering():
+    import httpx
+
+    answers = {"p2": [[9092, "198.18.0.3", 40000]]}
+
+    def fetch(url: str, token: str) -> list[object]:
+        assert token == "t"
+        node = "p2" if "112" in url else "p3"
+        if node not in answers:
+            raise httpx.ConnectError("frozen")
+        return answers[node]
+
+    peers = PeerClients({"p2": "http://198.18.0.112:9400", "p3": "http://198.18.0.113:9400"}, "t", fetch=fetch)
+    peers.poll_once()
+    assert peers.of("p2") == (ClientPair(9092, "198.18.0.3", 40000),) and peers.of("p3") == ()
+    del answers["p2"]
+    peers.poll_once()
+    assert peers.of("p2") == (ClientPair(9092, "198.18.0.3", 40000),)
+
+
+# ------------------------------------------------------------ the shell, fake mover
+class FakeMover:
+    def __init__(self, fail: set[str] = frozenset()) -> None:
+        self.calls: list[str] = []
+        self.fail = fail
+
+    def take(self, address) -> None:
+        if str(address.ip) in self.fail:
+            from proxy.addresses.movers import MoverError
+
+            raise MoverError("ip addr replace exited 2")
+        self.calls.append(f"take {address.cidr}")
+
+    def release(self, address) -> None:
+        self.calls.append(f"release {address.cidr}")
+
+
+def test_shell_takes_own_and_a_down_nodes_address_and_gives_them_back_when_fenced():
+    mover = FakeMover()
+    now = [0.0]
+    shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
+                              confirm_s=0.5, mover=mover, clock=lambda: now[0])  # type: ignore[arg-type]
+    m = fleet_map({1: "p1", 2: "p1", 3: "p1"}, vacant={"p2", "p3"})
+
+    async def run() -> None:
+        assert await shell.sync(m, draining=False) == {"p1", "p2", "p3"}
+        now[0] = 2.0
+        assert shell.fence.tick(now[0], m.epoch) is True
+        assert await shell.sync(m, draining=False) == frozenset()
+
+    asyncio.run(run())
+    assert mover.calls == ["take 198.18.0.11/24", "take 198.18.0.12/24", "take 198.18.0.13/24",
+                           "release 198.18.0.11/24", "release 198.18.0.12/24", "release 198.18.0.13/24"]
+
+
+def test_shell_keeps_going_when_a_take_fails_and_retries_it_next_time():
+    mover = FakeMover(fail={"198.18.0.13"})
+    shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
+                              confirm_s=0.5, mover=mover)  # type: ignore[arg-type]
+    m = fleet_map({1: "p1", 2: "p1", 3: "p1"}, vacant={"p2", "p3"})
+
+    async def run() -> frozenset[str]:
+        assert await shell.sync(m, draining=False) == {"p1", "p2"}
+        mover.fail = set()
+        return await shell.sync(m, draining=False)
+
+    assert asyncio.run(run()) == {"p1", "p2", "p3"}
+    assert mover.calls == ["take 198.18.0.11/24", "take 198.18.0.12/24", "take 198.18.0.13/24"]
+
+
+# -------------------------------------------------------------------------- config
+def raw_config(addresses: dict | None, floating: list[str | None]) -> dict:
+    nodes = [{"id": f"p{i + 1}", "host": f"198.18.0.11{i + 1}", "bootstrap_port": 9092, "workers": 1,
+              **({"floating_host": f} if f else {})} for i, f in enumerate(floating)]
+    raw: dict = {"upstream": {"bootstrap": ["198.18.0.2:19092"]}, "ports": {"base": 9100}, "nodes": nodes}
+    if addresses is not None:
+        raw["addresses"] = addresses
+    return raw
+
+
+def test_config_advertises_the_floating_address_and_keeps_host_for_the_rest():
+    from proxy.config import proxy_node
+
+    cfg = parse(raw_config({"mover": "netns"}, ["198.18.0.11", "198.18.0.12"]))
+    assert cfg.addresses.kind == "netns"
+    assert proxy_node(cfg, "p1").host == "198.18.0.11" and cfg.node("p1").host == "198.18.0.111"
+    assert parse(raw_config(None, [None, None])).addresses.kind == "none"
+
+
+@pytest.mark.parametrize("addresses, floating, field, words", [
+    (None, ["198.18.0.11", None], "nodes[0].floating_host", "set [addresses] mover"),
+    ({"mover": "netns"}, ["198.18.0.11", None], "nodes[1].floating_host", "set it"),
+    ({"mover": "netns"}, ["198.18.0.11", "10.0.0.12"], "nodes[1].floating_host", "outside"),
+    ({"mover": "netns"}, ["198.18.0.11", "198.18.0.11"], "nodes", "share one floating_host"),
+    ({"mover": "netns"}, ["198.18.0.11", "198.18.0.111"], "nodes[1].floating_host", "own host address"),
+    ({"mover": "teleport"}, [None, None], "addresses", "not one of"),
+])
+def test_config_refuses_floating_addresses_that_do_not_fit(addresses, floating, field, words):
+    with pytest.raises(ConfigError) as info:
+        parse(raw_config(addresses, floating))
+    assert info.value.field == field and words in str(info.value)
+
+
+def test_without_quorum_the_nodes_in_reach_share_the_addresses_of_the_nodes_out_of_reach():
+    # p1 alone after its lease: p2 and p3 out of reach, the committed view still has them up.
+    m = attrs.evolve(fleet_map({1: "p1", 2: "p1", 3: "p1"}), degraded=True, unreachable=frozenset({"p2", "p3"}))
+    assert address_holder(m, "p2") == address_holder(m, "p3") == "p1"
+    assert wanted_addresses(m, "p1", fleet=True, fenced=False, draining=False) == {"p1", "p2", "p3"}
+    # p1 and p2 in reach of each other, p3 out of reach: exactly one of them takes p3's address.
+    two = attrs.evolve(fleet_map({1: "p1", 2: "p2", 3: "p1"}), degraded=True, unreachable=frozenset({"p3"}))
+    takers = [n for n in ("p1", "p2") if "p3" in wanted_addresses(two, n, fleet=True, fenced=False, draining=False)]
+    assert takers == [address_holder(two, "p3")] and len(takers) == 1
+
+
+def test_the_degraded_map_names_the_nodes_out_of_reach_and_the_quorate_one_none():
+    from membership.effective import build_serving_map
+    from membership.state import FleetState
+
+    nodes = {n.id: n for n in NODES}
+    degraded = build_serving_map(FleetState(), self_id="p1", configured=nodes, reachable={"p1"}, degraded=True)
+    assert degraded.unreachable == {"p2", "p3"}
+    quorate = build_serving_map(FleetState(), self_id="p1", configured=nodes, reachable={"p1"}, degraded=False)
+    assert quorate.unreachable == frozenset()

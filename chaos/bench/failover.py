@@ -75,8 +75,10 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
                 light = LightClientProcess(fleet.bootstrap, light_clients, out / "light-events.jsonl")
                 out.mkdir(parents=True, exist_ok=True)
                 light.start()
+            settle = None if light is None else _settle(light, progress)
             kill = run_drill(DrillConfig(fault="kill", out_dir=out / "kill", repeat=drills,
-                                         clients=parse_clients(clients), rate=rate, seed=seed),
+                                         clients=parse_clients(clients), rate=rate, seed=seed,
+                                         before_fault=settle),
                              Target.of_fleet(fleet), progress)
             if light is not None:
                 light_events = light.stop()
@@ -147,6 +149,17 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         emax = [v["p99"] for v in result["drain"]["excess_ms"].values() if v["p99"] is not None]
         result["targets"]["drain_max_gap_excess_p99_ms<=100"] = bool(emax) and max(emax) <= 100
     return result
+
+
+LIGHT_SETTLE_TIMEOUT_S = 60.0
+
+
+def _settle(light: LightClientProcess, progress: Callable[[dict[str, Any]], None] | None) -> Callable[[], None]:
+    """Before each fault: wait until every light client holds a connection again."""
+    def settle() -> None:
+        if not light.wait_settled(LIGHT_SETTLE_TIMEOUT_S) and progress is not None:
+            progress({"phase": f"light clients not all back within {LIGHT_SETTLE_TIMEOUT_S:.0f} s before a fault"})
+    return settle
 
 
 def excess(drain: dict[str, dict[str, Any]], control: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

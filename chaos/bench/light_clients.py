@@ -49,7 +49,12 @@ from chaos.measures import percentile
 
 _LEN = struct.Struct(">i")
 CLIENT_ID = "kproxy-light"
-REQUEST_TIMEOUT_S = 5.0
+# A real client's patience (Java: socket.connection.setup.timeout.ms 10 s, request.timeout.ms 30 s):
+# a light client that gives up sooner than real ones throws away the work the fleet did for it
+# and asks again, which under a storm makes the storm last longer.
+REQUEST_TIMEOUT_S = 10.0
+# How often the events file is flushed (the bench reads it while the process runs: settled()).
+FLUSH_INTERVAL_S = 0.2
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 1.0
 
@@ -57,8 +62,9 @@ BACKOFF_MAX_S = 1.0
 @attrs.frozen
 class LightEvent:
     client: int
-    event: str  # "lost" or "back"
+    event: str  # "lost", "back", or "fail" (an attempt that failed; ``reason`` says where and how)
     ts_ns: int
+    reason: str = ""
 
 
 @attrs.frozen
@@ -146,18 +152,23 @@ class LightClients:
         self.first_back = 0
         self.all_back = asyncio.Event()
 
-    def record(self, client: int, event: str) -> None:
-        self.out.write(json.dumps({"client": client, "event": event, "ts_ns": time.time_ns()}) + "\n")
+    def record(self, client: int, event: str, reason: str = "") -> None:
+        line = {"client": client, "event": event, "ts_ns": time.time_ns()}
+        if reason:
+            line["reason"] = reason
+        self.out.write(json.dumps(line) + "\n")
 
     async def _open(self, client: int, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         async with asyncio.timeout(REQUEST_TIMEOUT_S):
             return await asyncio.open_connection(host, port, local_addr=(self.sources[client % len(self.sources)], 0))
 
-    async def _locate(self, client: int, attempt: int) -> tuple[str, int]:
+    async def _locate(self, client: int, attempt: int, stage: list[str]) -> tuple[str, int]:
         """The address the fleet advertises now for this client's broker identity."""
         host, port = self.bootstrap[(client + attempt) % len(self.bootstrap)]
+        stage[0] = "bootstrap-connect"
         reader, writer = await self._open(client, host, port)
         try:
+            stage[0] = "metadata"
             body = await _request(reader, writer, self.metadata, MetadataResponse)
         finally:
             writer.transport.abort()
@@ -172,10 +183,14 @@ class LightClients:
         first = True
         while True:
             writer = None
+            stage = [""]
             try:
-                host, port = await self._locate(client, attempt)
+                host, port = await self._locate(client, attempt, stage)
+                stage[0] = "connect"
                 reader, writer = await self._open(client, host, port)
+                stage[0] = "api-versions"
                 await _request(reader, writer, self.api_versions, ApiVersionsResponse)
+                stage[0] = "held"
                 self.record(client, "back")
                 backoff = BACKOFF_FIRST_S
                 if first:
@@ -186,8 +201,10 @@ class LightClients:
                 await reader.read(1)  # the broker never sends unasked: this returns when the connection is lost
                 self.record(client, "lost")
             except (OSError, EOFError, ValueError, TimeoutError) as exc:
-                if writer is not None and isinstance(exc, (EOFError, OSError)) and not first:
+                if stage[0] == "held":
                     self.record(client, "lost")
+                else:
+                    self.record(client, "fail", f"{stage[0]}:{type(exc).__name__}")
                 attempt += 1
                 await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
                 backoff = min(2 * backoff, BACKOFF_MAX_S)
@@ -206,6 +223,7 @@ async def _main(args: argparse.Namespace) -> None:
     with open(args.out, "a", buffering=1 << 16) as out:
         run = LightClients(bootstrap, args.clients, source_addresses(args.sources), out)
         tasks = [asyncio.ensure_future(run.client(i)) for i in range(args.clients)]
+        tasks.append(asyncio.ensure_future(_flush_often(out)))
         ready = asyncio.ensure_future(run.all_back.wait())
         await asyncio.wait([ready, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         if ready.done():
@@ -214,6 +232,12 @@ async def _main(args: argparse.Namespace) -> None:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _flush_often(out: IO[str]) -> None:
+    while True:
+        await asyncio.sleep(FLUSH_INTERVAL_S)
+        out.flush()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -237,6 +261,36 @@ if __name__ == "__main__":
 # ---------------------------------------------------------------------- the bench's side
 
 
+SETTLE_POLL_S = 0.1
+
+
+class HeldTracker:
+    """Which light clients hold a connection now, from the events file as it grows."""
+
+    def __init__(self, events: Path, clients: int) -> None:
+        self.events = events
+        self.clients = clients
+        self.offset = 0
+        self.last: dict[int, str] = {}
+
+    def read_new(self) -> None:
+        if not self.events.exists():
+            return
+        with open(self.events, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self.offset += end
+        for line in data[:end].splitlines():
+            if line.strip():
+                e = json.loads(line)
+                if e["event"] in ("back", "lost"):
+                    self.last[e["client"]] = e["event"]
+
+    def all_held(self) -> bool:
+        return len(self.last) == self.clients and all(v == "back" for v in self.last.values())
+
+
 class LightClientProcess:
     """``python -m chaos.bench.light_clients`` beside a drill: start, wait ready, stop, read."""
 
@@ -246,6 +300,7 @@ class LightClientProcess:
         self.cmd = [python, "-m", "chaos.bench.light_clients", "--bootstrap", ",".join(bootstrap),
                     "--clients", str(clients), "--sources", str(sources), "--out", str(events)]
         self.proc: subprocess.Popen[str] | None = None
+        self._held = HeldTracker(events, clients)
 
     def start(self, timeout_s: float = 120.0) -> None:
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, text=True)
@@ -257,6 +312,20 @@ class LightClientProcess:
         if not ready or ready[0].strip() != "ready":
             self.stop()
             raise RuntimeError(f"the light clients were not all connected within {timeout_s:.0f} s")
+
+    def wait_settled(self, timeout_s: float = 60.0) -> bool:
+        """Until every client holds a connection (its last event is "back"), at most
+        ``timeout_s``: the failover bench calls it before each fault, so a fault's
+        reconnect storm never overlaps the previous drill's (the victim's restart
+        moves identities back and cuts their clients too)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._held.read_new()
+            if self._held.all_held():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(SETTLE_POLL_S)  # the events file has no readiness to wait on: a bounded poll
 
     def stop(self, timeout_s: float = 30.0) -> list[LightEvent]:
         if self.proc is not None and self.proc.poll() is None:

@@ -16,7 +16,11 @@ the broker identities (the victim carries those of the identities it owns);
 ``light_recovered_s`` (p50/p99/max) is, for every light client whose connection
 the fault cut, the time from the fault to that client being back. The bench's
 fleet then has no per-source accept limit (the light clients share 20 loopback
-source addresses).
+source addresses), and the light clients run as several processes (see
+``LightClientProcess``). Before each fault the bench waits until every light
+client holds a connection again (``DrillConfig.before_fault``): the previous
+victim's restart moves identities back, which cuts their clients too, and that
+storm must not overlap the next fault's.
 
 A drain's disruption does not start at the drain command (its RTO, the gap
 around that instant, is often a client's ordinary gap): it starts when the
@@ -34,7 +38,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from chaos.bench.light_clients import LightClientProcess, LightEvent, fault_spans, light_recovered_s, recovered_stats
+from chaos.bench.light_clients import (DEFAULT_PROCESSES, LightClientProcess, LightEvent, fault_spans,
+                                      light_recovered_s, recovered_stats, split)
 from chaos.drills.drill import DrillConfig, Target, parse_clients, run_drill
 from chaos.testbed.fleet import LocalFleet
 from chaos.testbed.hosts import LOOPBACK, NETNS
@@ -138,6 +143,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
     if light_clients:
         recovered, never = light_recovered_s(light_events, fault_spans(kill.get("steps", [])))
         result["light_clients"] = light_clients
+        result["light_generator_processes"] = len(split(light_clients, DEFAULT_PROCESSES))
         result["light_recovered_s"] = recovered_stats(recovered)
         result["light_reconnects_measured"] = len(recovered)
         result["light_never_back"] = never

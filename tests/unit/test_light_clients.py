@@ -151,3 +151,11 @@ def test_held_tracker_sees_every_client_holding_only_after_each_is_back(tmp_path
         f.write('ent": "back", "ts_ns": 5}\n')
     tracker.read_new()
     assert tracker.all_held()
+
+
+def test_split_gives_every_client_to_exactly_one_process():
+    from chaos.bench.light_clients import split
+
+    parts = split(10, 4)
+    assert parts == [(0, 3), (3, 3), (6, 2), (8, 2)]
+    assert split(2, 4) == [(0, 1), (1, 1)]  # never a process without clients

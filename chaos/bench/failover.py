@@ -65,6 +65,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
     if light_clients and hosts != LOOPBACK:
         raise ValueError("light clients run on loopback only (the load generator is not placed on an emulated host)")
     light_events: list[LightEvent] = []
+    unsettled: list[int] = []  # faults injected before every light client was back
     with tempfile.TemporaryDirectory(prefix="kproxy-bench-failover-") as tmp:
         # No per-source accept limit: thousands of light clients reconnect from a few
         # loopback addresses in the same second (proxy.admission would refuse most).
@@ -80,7 +81,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
                 light = LightClientProcess(fleet.bootstrap, light_clients, out / "light-events.jsonl")
                 out.mkdir(parents=True, exist_ok=True)
                 light.start()
-            settle = None if light is None else _settle(light, progress)
+            settle = None if light is None else _settle(light, progress, unsettled)
             kill = run_drill(DrillConfig(fault="kill", out_dir=out / "kill", repeat=drills,
                                          clients=parse_clients(clients), rate=rate, seed=seed,
                                          before_fault=settle),
@@ -147,6 +148,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         result["light_recovered_s"] = recovered_stats(recovered)
         result["light_reconnects_measured"] = len(recovered)
         result["light_never_back"] = never
+        result["light_unsettled_faults"] = len(unsettled)
         top = result["light_recovered_s"]["max"]
         result["targets"]["light_all_back_within_5s"] = bool(recovered) and never == 0 and top <= 5.0
     if "drain" in result:
@@ -160,11 +162,15 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
 LIGHT_SETTLE_TIMEOUT_S = 60.0
 
 
-def _settle(light: LightClientProcess, progress: Callable[[dict[str, Any]], None] | None) -> Callable[[], None]:
-    """Before each fault: wait until every light client holds a connection again."""
+def _settle(light: LightClientProcess, progress: Callable[[dict[str, Any]], None] | None,
+            unsettled: list[int]) -> Callable[[], None]:
+    """Before each fault: wait until every light client holds a connection again
+    (a fault that came without is counted in ``unsettled``)."""
     def settle() -> None:
-        if not light.wait_settled(LIGHT_SETTLE_TIMEOUT_S) and progress is not None:
-            progress({"phase": f"light clients not all back within {LIGHT_SETTLE_TIMEOUT_S:.0f} s before a fault"})
+        if not light.wait_settled(LIGHT_SETTLE_TIMEOUT_S):
+            unsettled.append(1)
+            if progress is not None:
+                progress({"phase": f"light clients not all back within {LIGHT_SETTLE_TIMEOUT_S:.0f} s before a fault"})
     return settle
 
 

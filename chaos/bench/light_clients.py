@@ -56,7 +56,7 @@ CLIENT_ID = "kproxy-light"
 # a light client that gives up sooner than real ones throws away the work the fleet did for it
 # and asks again, which under a storm makes the storm last longer.
 REQUEST_TIMEOUT_S = 10.0
-# How often the events file is flushed (the bench reads it while the process runs: settled()).
+# How often the events file is flushed (the bench reads it while the process runs: wait_settled()).
 FLUSH_INTERVAL_S = 0.2
 # Generator processes (LightClientProcess): see there.
 DEFAULT_PROCESSES = 4

@@ -16,7 +16,11 @@ the broker identities (the victim carries those of the identities it owns);
 ``light_recovered_s`` (p50/p99/max) is, for every light client whose connection
 the fault cut, the time from the fault to that client being back. The bench's
 fleet then has no per-source accept limit (the light clients share 20 loopback
-source addresses).
+source addresses), and the light clients run as several processes (see
+``LightClientProcess``). Before each fault the bench waits until every light
+client holds a connection again (``DrillConfig.before_fault``): the previous
+victim's restart moves identities back, which cuts their clients too, and that
+storm must not overlap the next fault's.
 
 A drain's disruption does not start at the drain command (its RTO, the gap
 around that instant, is often a client's ordinary gap): it starts when the
@@ -34,7 +38,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from chaos.bench.light_clients import LightClientProcess, LightEvent, fault_spans, light_recovered_s, recovered_stats
+from chaos.bench.light_clients import (DEFAULT_PROCESSES, LightClientProcess, LightEvent, fault_spans,
+                                      light_recovered_s, recovered_stats, split)
 from chaos.drills.drill import DrillConfig, Target, parse_clients, run_drill
 from chaos.testbed.fleet import LocalFleet
 from chaos.testbed.hosts import LOOPBACK, NETNS
@@ -70,6 +75,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
     if light_clients and hosts != LOOPBACK:
         raise ValueError("light clients run on loopback only (the load generator is not placed on an emulated host)")
     light_events: list[LightEvent] = []
+    unsettled: list[int] = []  # faults injected before every light client was back
     with tempfile.TemporaryDirectory(prefix="kproxy-bench-failover-") as tmp:
         # No per-source accept limit: thousands of light clients reconnect from a few
         # loopback addresses in the same second (proxy.admission would refuse most).
@@ -85,8 +91,10 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
                 light = LightClientProcess(fleet.bootstrap, light_clients, out / "light-events.jsonl")
                 out.mkdir(parents=True, exist_ok=True)
                 light.start()
+            settle = None if light is None else _settle(light, progress, unsettled)
             kill = run_drill(DrillConfig(fault=fault, out_dir=out / fault, repeat=drills,
-                                         clients=parse_clients(clients), rate=rate, seed=seed),
+                                         clients=parse_clients(clients), rate=rate, seed=seed,
+                                         before_fault=settle),
                              Target.of_fleet(fleet), progress)
             if light is not None:
                 light_events = light.stop()
@@ -149,9 +157,11 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
     if light_clients:
         recovered, never = light_recovered_s(light_events, fault_spans(kill.get("steps", [])))
         result["light_clients"] = light_clients
+        result["light_generator_processes"] = len(split(light_clients, DEFAULT_PROCESSES))
         result["light_recovered_s"] = recovered_stats(recovered)
         result["light_reconnects_measured"] = len(recovered)
         result["light_never_back"] = never
+        result["light_unsettled_faults"] = len(unsettled)
         top = result["light_recovered_s"]["max"]
         result["targets"]["light_all_back_within_5s"] = bool(recovered) and never == 0 and top <= 5.0
     if "drain" in result:
@@ -160,6 +170,21 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         emax = [v["p99"] for v in result["drain"]["excess_ms"].values() if v["p99"] is not None]
         result["targets"]["drain_max_gap_excess_p99_ms<=100"] = bool(emax) and max(emax) <= 100
     return result
+
+
+LIGHT_SETTLE_TIMEOUT_S = 60.0
+
+
+def _settle(light: LightClientProcess, progress: Callable[[dict[str, Any]], None] | None,
+            unsettled: list[int]) -> Callable[[], None]:
+    """Before each fault: wait until every light client holds a connection again
+    (a fault that came without is counted in ``unsettled``)."""
+    def settle() -> None:
+        if not light.wait_settled(LIGHT_SETTLE_TIMEOUT_S):
+            unsettled.append(1)
+            if progress is not None:
+                progress({"phase": f"light clients not all back within {LIGHT_SETTLE_TIMEOUT_S:.0f} s before a fault"})
+    return settle
 
 
 def excess(drain: dict[str, dict[str, Any]], control: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:

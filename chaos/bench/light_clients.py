@@ -1,7 +1,8 @@
 """Light clients beside a failover drill: how long N clients take to come back after a fault.
 
-``kproxy bench failover --light-clients N`` runs this module as a process of its
-own (its own event loop and descriptor limit) beside the drill's real clients.
+``kproxy bench failover --light-clients N`` runs this module as processes of
+their own (each its own event loop, descriptor limit and slice of the clients;
+:class:`LightClientProcess`) beside the drill's real clients.
 Each of the N light clients (asyncio, raw sockets, like chaos.bench.storm_load)
 does what a Kafka client does on a lost connection, and nothing else:
 
@@ -14,9 +15,11 @@ does what a Kafka client does on a lost connection, and nothing else:
 3. hold the connection until it is lost (**lost**), then start again at 1,
    with a Java-like reconnect backoff (50 ms doubling to 1 s, jittered).
 
-Events go to a JSON-lines file (``{"client", "event": "lost"|"back", "ts_ns"}``,
-wall clock, the drill traces' clock); the process prints ``ready`` once every
-client is back for the first time and runs until SIGTERM.
+Events go to a JSON-lines file per process (``{"client", "event":
+"lost"|"back"|"fail", "ts_ns"}``, wall clock, the drill traces' clock; a
+"fail" also has ``reason``: the step and the error); the process prints
+``ready`` once each of its clients is back for the first time and runs until
+SIGTERM.
 :func:`light_recovered_s` turns the events and the drill's faults into, per
 client that lost its connection in a fault's window, the time from the fault
 to that client being back.
@@ -49,7 +52,14 @@ from chaos.measures import percentile
 
 _LEN = struct.Struct(">i")
 CLIENT_ID = "kproxy-light"
-REQUEST_TIMEOUT_S = 5.0
+# A real client's patience (Java: socket.connection.setup.timeout.ms 10 s, request.timeout.ms 30 s):
+# a light client that gives up sooner than real ones throws away the work the fleet did for it
+# and asks again, which under a storm makes the storm last longer.
+REQUEST_TIMEOUT_S = 10.0
+# How often the events file is flushed (the bench reads it while the process runs: wait_settled()).
+FLUSH_INTERVAL_S = 0.2
+# Generator processes (LightClientProcess): see there.
+DEFAULT_PROCESSES = 4
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 1.0
 
@@ -57,8 +67,9 @@ BACKOFF_MAX_S = 1.0
 @attrs.frozen
 class LightEvent:
     client: int
-    event: str  # "lost" or "back"
+    event: str  # "lost", "back", or "fail" (an attempt that failed; ``reason`` says where and how)
     ts_ns: int
+    reason: str = ""
 
 
 @attrs.frozen
@@ -146,18 +157,23 @@ class LightClients:
         self.first_back = 0
         self.all_back = asyncio.Event()
 
-    def record(self, client: int, event: str) -> None:
-        self.out.write(json.dumps({"client": client, "event": event, "ts_ns": time.time_ns()}) + "\n")
+    def record(self, client: int, event: str, reason: str = "") -> None:
+        line = {"client": client, "event": event, "ts_ns": time.time_ns()}
+        if reason:
+            line["reason"] = reason
+        self.out.write(json.dumps(line) + "\n")
 
     async def _open(self, client: int, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         async with asyncio.timeout(REQUEST_TIMEOUT_S):
             return await asyncio.open_connection(host, port, local_addr=(self.sources[client % len(self.sources)], 0))
 
-    async def _locate(self, client: int, attempt: int) -> tuple[str, int]:
+    async def _locate(self, client: int, attempt: int, stage: list[str]) -> tuple[str, int]:
         """The address the fleet advertises now for this client's broker identity."""
         host, port = self.bootstrap[(client + attempt) % len(self.bootstrap)]
+        stage[0] = "bootstrap-connect"
         reader, writer = await self._open(client, host, port)
         try:
+            stage[0] = "metadata"
             body = await _request(reader, writer, self.metadata, MetadataResponse)
         finally:
             writer.transport.abort()
@@ -172,10 +188,14 @@ class LightClients:
         first = True
         while True:
             writer = None
+            stage = [""]
             try:
-                host, port = await self._locate(client, attempt)
+                host, port = await self._locate(client, attempt, stage)
+                stage[0] = "connect"
                 reader, writer = await self._open(client, host, port)
+                stage[0] = "api-versions"
                 await _request(reader, writer, self.api_versions, ApiVersionsResponse)
+                stage[0] = "held"
                 self.record(client, "back")
                 backoff = BACKOFF_FIRST_S
                 if first:
@@ -186,8 +206,10 @@ class LightClients:
                 await reader.read(1)  # the broker never sends unasked: this returns when the connection is lost
                 self.record(client, "lost")
             except (OSError, EOFError, ValueError, TimeoutError) as exc:
-                if writer is not None and isinstance(exc, (EOFError, OSError)) and not first:
+                if stage[0] == "held":
                     self.record(client, "lost")
+                else:
+                    self.record(client, "fail", f"{stage[0]}:{type(exc).__name__}")
                 attempt += 1
                 await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
                 backoff = min(2 * backoff, BACKOFF_MAX_S)
@@ -205,7 +227,8 @@ async def _main(args: argparse.Namespace) -> None:
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     with open(args.out, "a", buffering=1 << 16) as out:
         run = LightClients(bootstrap, args.clients, source_addresses(args.sources), out)
-        tasks = [asyncio.ensure_future(run.client(i)) for i in range(args.clients)]
+        tasks = [asyncio.ensure_future(run.client(args.first + i)) for i in range(args.clients)]
+        tasks.append(asyncio.ensure_future(_flush_often(out)))
         ready = asyncio.ensure_future(run.all_back.wait())
         await asyncio.wait([ready, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         if ready.done():
@@ -216,10 +239,17 @@ async def _main(args: argparse.Namespace) -> None:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _flush_often(out: IO[str]) -> None:
+    while True:
+        await asyncio.sleep(FLUSH_INTERVAL_S)
+        out.flush()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--bootstrap", required=True, help="host:port,... of the fleet's bootstrap")
-    parser.add_argument("--clients", type=int, required=True)
+    parser.add_argument("--clients", type=int, required=True, help="how many clients this process runs")
+    parser.add_argument("--first", type=int, default=0, help="the id of its first client (ids are contiguous)")
     parser.add_argument("--sources", type=int, default=20, help="loopback source addresses, 127.0.0.100 on")
     parser.add_argument("--out", required=True, help="JSON-lines events file")
     args = parser.parse_args(argv)
@@ -237,33 +267,114 @@ if __name__ == "__main__":
 # ---------------------------------------------------------------------- the bench's side
 
 
+SETTLE_POLL_S = 0.1
+
+
+class HeldTracker:
+    """Which light clients hold a connection now, from the events file as it grows."""
+
+    def __init__(self, events: Path, clients: int) -> None:
+        self.events = events
+        self.clients = clients
+        self.offset = 0
+        self.last: dict[int, str] = {}
+
+    def read_new(self) -> None:
+        if not self.events.exists():
+            return
+        with open(self.events, "rb") as f:
+            f.seek(self.offset)
+            data = f.read()
+        end = data.rfind(b"\n") + 1  # a line still being written is read next time
+        self.offset += end
+        for line in data[:end].splitlines():
+            if line.strip():
+                e = json.loads(line)
+                if e["event"] in ("back", "lost"):
+                    self.last[e["client"]] = e["event"]
+
+    def all_held(self) -> bool:
+        return len(self.last) == self.clients and all(v == "back" for v in self.last.values())
+
+
+def split(clients: int, processes: int) -> list[tuple[int, int]]:
+    """(first client id, count) of each of ``processes`` generator processes: contiguous, even."""
+    processes = max(1, min(processes, clients))
+    base, extra = divmod(clients, processes)
+    out, first = [], 0
+    for k in range(processes):
+        count = base + (1 if k < extra else 0)
+        out.append((first, count))
+        first += count
+    return out
+
+
+def events_file(events: Path, k: int) -> Path:
+    """The events file of generator process ``k``."""
+    return events.with_name(f"{events.stem}.{k}{events.suffix}")
+
+
 class LightClientProcess:
-    """``python -m chaos.bench.light_clients`` beside a drill: start, wait ready, stop, read."""
+    """``python -m chaos.bench.light_clients`` beside a drill, as ``processes`` processes
+    (each its own slice of the clients and its own events file): start, wait ready, stop, read.
+
+    Several processes, because one Python process sharing this 2-core machine with the
+    brokers, the fleet and the drill's clients is itself the bottleneck of a storm: its one
+    thread gets a few tenths of a core, and it then notices the cut connections (and answers
+    arriving) seconds late, which the bench would count against the fleet."""
 
     def __init__(self, bootstrap: Sequence[str], clients: int, events: Path, *, sources: int = 20,
-                 python: str = sys.executable) -> None:
+                 processes: int = DEFAULT_PROCESSES, python: str = sys.executable) -> None:
         self.events = events
-        self.cmd = [python, "-m", "chaos.bench.light_clients", "--bootstrap", ",".join(bootstrap),
-                    "--clients", str(clients), "--sources", str(sources), "--out", str(events)]
-        self.proc: subprocess.Popen[str] | None = None
+        self.cmds = [[python, "-m", "chaos.bench.light_clients", "--bootstrap", ",".join(bootstrap),
+                      "--clients", str(count), "--first", str(first), "--sources", str(sources),
+                      "--out", str(events_file(events, k))]
+                     for k, (first, count) in enumerate(split(clients, processes))]
+        self.procs: list[subprocess.Popen[str]] = []
+        self._held = [HeldTracker(events_file(events, k), count)
+                      for k, (_, count) in enumerate(split(clients, processes))]
 
     def start(self, timeout_s: float = 120.0) -> None:
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, text=True)
-        assert self.proc.stdout is not None
+        self.procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for cmd in self.cmds]
         ready: list[str] = []
-        reader = threading.Thread(target=lambda: ready.append(self.proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
-        reader.start()
-        reader.join(timeout_s)
-        if not ready or ready[0].strip() != "ready":
+
+        def read_ready(proc: subprocess.Popen[str]) -> None:
+            assert proc.stdout is not None
+            ready.append(proc.stdout.readline())
+
+        readers = [threading.Thread(target=read_ready, args=(p,), daemon=True) for p in self.procs]
+        for r in readers:
+            r.start()
+        deadline = time.monotonic() + timeout_s
+        for r in readers:
+            r.join(max(0.0, deadline - time.monotonic()))
+        if len(ready) < len(self.procs) or any(line.strip() != "ready" for line in ready):
             self.stop()
             raise RuntimeError(f"the light clients were not all connected within {timeout_s:.0f} s")
 
+    def wait_settled(self, timeout_s: float = 60.0) -> bool:
+        """Until every client holds a connection (its last event is "back"), at most
+        ``timeout_s``: the failover bench calls it before each fault, so a fault's
+        reconnect storm never overlaps the previous drill's (the victim's restart
+        moves identities back and cuts their clients too)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for held in self._held:
+                held.read_new()
+            if all(held.all_held() for held in self._held):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(SETTLE_POLL_S)  # the events files have no readiness to wait on: a bounded poll
+
     def stop(self, timeout_s: float = 30.0) -> list[LightEvent]:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in self.procs:
             try:
-                self.proc.wait(timeout_s)
+                proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        return read_events(self.events)
+                proc.kill()
+                proc.wait(10)
+        return [e for k in range(len(self.cmds)) for e in read_events(events_file(self.events, k))]

@@ -116,6 +116,9 @@ class DrillConfig:
     # Called (in a worker thread) once a killed node's identities have moved and every client
     # recovered, before the node is restarted: `kproxy demo` shows the fleet at that moment.
     on_failover: Callable[[dict[str, Any]], None] | None = attrs.field(default=None, eq=False)
+    # Called (in a worker thread) once the fleet is steady, before each fault: a load beside the
+    # drill (chaos.bench.light_clients) settles there, so two faults' reconnect storms never overlap.
+    before_fault: Callable[[], None] | None = attrs.field(default=None, eq=False)
 
 
 # ------------------------------------------------------------------ target
@@ -400,6 +403,8 @@ class DrillRun:
         if not await self.wait_until(lambda: not self.tail.lagging(clients, since_ns), config.recovery_timeout_s):
             raise DrillError(f"drill {self.drill}: clients {self.tail.lagging(clients, since_ns)} had no success "
                              f"within {config.recovery_timeout_s:.0f} s before the fault")
+        if config.before_fault is not None:
+            await in_thread(config.before_fault, timeout_s=config.recovery_timeout_s + 10)
 
     async def inject(self) -> None:
         """One fault between ``drill_start`` and ``drill_end``, the fleet watcher polling meanwhile."""

@@ -133,3 +133,29 @@ def test_light_clients_come_back_after_their_connections_are_cut():
     recovered, never = light_recovered_s(events, [FaultSpan(cut_at, None)])
     assert (len(recovered), never) == (clients, 0)
     assert max(recovered) < 5.0
+
+
+def test_held_tracker_sees_every_client_holding_only_after_each_is_back(tmp_path):
+    from chaos.bench.light_clients import HeldTracker
+
+    events = tmp_path / "events.jsonl"
+    tracker = HeldTracker(events, clients=2)
+    tracker.read_new()
+    assert not tracker.all_held()  # no file yet
+    lines = [{"client": 0, "event": "back", "ts_ns": 1}, {"client": 1, "event": "back", "ts_ns": 2},
+             {"client": 1, "event": "lost", "ts_ns": 3}, {"client": 1, "event": "fail", "ts_ns": 4, "reason": "x"}]
+    events.write_text("".join(json.dumps(x) + "\n" for x in lines) + '{"client": 1, "ev')  # last line unfinished
+    tracker.read_new()
+    assert not tracker.all_held()  # client 1 lost its connection
+    with open(events, "a") as f:
+        f.write('ent": "back", "ts_ns": 5}\n')
+    tracker.read_new()
+    assert tracker.all_held()
+
+
+def test_split_gives_every_client_to_exactly_one_process():
+    from chaos.bench.light_clients import split
+
+    parts = split(10, 4)
+    assert parts == [(0, 3), (3, 3), (6, 2), (8, 2)]
+    assert split(2, 4) == [(0, 1), (1, 1)]  # never a process without clients

@@ -106,6 +106,8 @@ class DataPath:
                                    plaintext=self._plaintext_listeners)
         self.discovery = BrokerDiscovery(config, self.node.host, self.listeners, self.registry,
                                          security=self.upstream_security)
+        if fleet:  # a forgotten broker's listener stays while the fleet's map still lists it
+            self.discovery.held = lambda: self._owners.keys()
         # Upstream connections leave from this node's own address (like a separate host).
         self._source = (self.node.host, 0)
         self.started_at = time.time()
@@ -203,6 +205,8 @@ class DataPath:
             log.info("assignment in effect", extra={"epoch": serving.epoch, "owners": dict(serving.owners),
                                                     "moved_away": sorted(moved_away)})
         drained = self.registry.drain(set(moved_away)) if moved_away else 0
+        if self.fleet and old.owners != serving.owners:
+            self.registry.spawn(self.discovery.release_unheld())
         if self.fleet:
             if me in serving.draining and not self.draining:
                 drained += self.drain_all()

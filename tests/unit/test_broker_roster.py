@@ -99,3 +99,17 @@ def test_bad_settings_are_refused():
         BrokerRoster(release_after=-1.0)
     with pytest.raises(ValueError):
         BrokerRoster(release_after=1.0, misses_to_release=0)
+
+
+def test_the_grace_period_is_configured_in_upstream():
+    from proxy.config import ConfigError, parse
+
+    base = {"ports": {"base": 9100}, "nodes": [{"id": "p1", "host": "127.0.0.11", "bootstrap_port": 9092}]}
+    assert parse({**base, "upstream": {"bootstrap": ["k:9092"]}}).release_after_s == 300.0
+    assert parse({**base, "upstream": {"bootstrap": ["k:9092"], "release_after_s": 30}}).release_after_s == 30.0
+    with pytest.raises(ConfigError) as err:
+        parse({**base, "upstream": {"bootstrap": ["k:9092"], "release_after_s": -1}})
+    assert err.value.field == "upstream.release_after_s"
+    with pytest.raises(ConfigError) as err:
+        parse({**base, "upstream": {"bootstrap": ["k:9092"], "release_after": 30}})
+    assert "release_after_s" in str(err.value)  # the typo's closest known name

@@ -45,6 +45,8 @@ class BrokerDiscovery:
         # Identities the map in effect still lists (the data path sets it for a fleet): their
         # listeners stay until the map lets them go.
         self.held: Callable[[], Iterable[int]] = lambda: ()
+        # Forgotten brokers whose listener is still held: their connections still go to them.
+        self._forgotten: dict[int, UpstreamBroker] = {}
         self._rr = itertools.count()
         self._changed: list[Callable[[list[UpstreamBroker]], None]] = []
 
@@ -81,9 +83,11 @@ class BrokerDiscovery:
     async def polled(self, brokers: list[UpstreamBroker]) -> None:
         """Kafka's complete broker list: learn the new ones (listener first), forget those gone long enough."""
         async with self.listeners.lock:
+            last = {bid: self.brokers[bid] for bid in self.brokers}
             change = self.roster.polled(brokers, self.clock())
             await self.listeners.bind_identities([b.node_id for b in brokers])
             for bid in change.released:
+                self._forgotten[bid] = last[bid]
                 log.warning("broker gone from the cluster: forgotten", extra={
                     "broker": bid, "missing_s": self.config.release_after_s})
             self._release_unheld()
@@ -96,11 +100,13 @@ class BrokerDiscovery:
 
     def _release_unheld(self) -> None:
         gone = self.listeners.bound - self.brokers.keys() - frozenset(self.held())
-        if not gone:
-            return
-        self.listeners.release_identities(gone)
-        drained = self.registry.drain(set(gone))
-        log.info("broker identities released", extra={"brokers": sorted(gone), "connections_drained": drained})
+        if gone:
+            self.listeners.release_identities(gone)
+            drained = self.registry.drain(set(gone))
+            log.info("broker identities released", extra={"brokers": sorted(gone), "connections_drained": drained})
+        # Kept: forgotten, not learnt again, listener still held.
+        self._forgotten = {b: v for b, v in self._forgotten.items()
+                           if b not in self.brokers and b in self.listeners.bound}
 
     def _report(self, change: RosterChange) -> None:
         if change:
@@ -129,7 +135,7 @@ class BrokerDiscovery:
     def upstream_for(self, listener: int) -> list[HostPort]:
         """Where a connection on ``listener`` goes: its broker, or (bootstrap) every live one, round robin."""
         if listener != BOOTSTRAP:
-            b = self.brokers.get(listener)
+            b = self.brokers.get(listener) or self._forgotten.get(listener)
             return [b.address] if b else []
         live = sorted(self.brokers.values())
         if not live:

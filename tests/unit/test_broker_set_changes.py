@@ -90,6 +90,27 @@ def test_new_brokers_get_owners_at_once_balanced():
     assert is_balanced(owners, sorted(LIVE)) and sorted(owners) == [1, 2, 3, 4, 5, 6]
 
 
+def test_a_leader_that_just_started_reporting_removes_nothing_before_the_grace_period():
+    """A node started during a broker's rolling restart never knew that broker: as a new leader,
+    its report lacks it. It adds what is new at once, removes only after reporting that long."""
+    s = fleet()
+    planner = Planner(rebalance_delay=1.0, broker_grace=30.0)
+    planner.observe(LIVE, 0.0)
+    reported = [B[i] for i in (1, 2, 3, 4, 5, 7)]  # 6 missing (restarting?), 7 new
+    s, commands = settle(s, planner, reported, now=100.0)
+    assert commands[0] == SetBrokers([B[i] for i in (1, 2, 3, 4, 5, 6, 7)])  # 7 added, 6 kept
+    assert sorted(s.owner_map()) == [1, 2, 3, 4, 5, 6, 7]
+    assert planner.next_command(s, LIVE, 129.9, reported) is None
+    assert planner.next_command(s, LIVE, 130.0, reported) == SetBrokers(reported)
+    # Leadership lost and won again: the clock starts over.
+    planner.reset()
+    assert planner.next_command(s, LIVE, 200.0, reported) is None
+    assert planner.next_command(s, LIVE, 230.0, reported) == SetBrokers(reported)
+    # Back within the grace period: nothing to do at all.
+    planner.reset()
+    assert planner.next_command(s, LIVE, 300.0, [B[i] for i in range(1, 8)]) is None
+
+
 def test_a_dead_node_is_marked_down_before_the_broker_set_changes():
     s = fleet()
     planner = Planner(rebalance_delay=1.0)

@@ -357,7 +357,8 @@ def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, sourc
         security = parse_security(_get(raw, "security", "security", dict), env, inline_secrets)
     return Config(
         tap_dir=tap_dir, security=security,
-        nodes=nodes, upstream=upstream, refresh_interval_s=refresh, release_after_s=release_after, port_base=base, port_map=port_map,
+        nodes=nodes, upstream=upstream, refresh_interval_s=refresh, release_after_s=release_after,
+        port_base=base, port_map=port_map,
         limits=limits, log_level=level, log_format=fmt, admin_token=token, fleet=fleet, source=source,
     )
 

@@ -1,12 +1,12 @@
 """Follow the brokers (issue 15 item 2), against a real KRaft cluster of its own.
 
 A 3-node fleet (127.0.0.131-133) fronts two brokers (127.0.0.139) while an aiokafka producer
-(acks=all, idempotent) and a consumer run through it. A third broker joins the running cluster:
-every node binds its port, the map gives it an owner and Metadata advertises it, with no restart;
-a partition led by the new broker is produced to and read through the fleet. Then that broker
-is decommissioned (controlled shutdown, unregistered): every node releases it (listener closed,
-identity out of the map) once ``release_after_s`` has passed. A final read through the fleet
-finds every acknowledged record.
+(acks=all, idempotent) and a consumer run through it. A third broker joins the running cluster
+(`kproxy kafka add-broker`): every node binds its port, the map gives it an owner and Metadata
+advertises it, with no restart; a partition led by the new broker is produced to and read
+through the fleet. Then that broker is decommissioned (`kproxy kafka remove-broker`: controlled
+shutdown, unregistered): every node releases it (listener closed, identity out of the map) once
+``release_after_s`` has passed. A final read through the fleet finds every acknowledged record.
 
 Not the session cluster of tests/conftest.py: other tests depend on its shape.
 """
@@ -160,7 +160,19 @@ def small_kafka(tmp_path):
     try:
         yield cluster
     finally:
+        # The test adds a broker through `kproxy kafka add-broker`: the state file knows its PID.
+        KafkaCluster.load(cluster.state_dir).stop()
         cluster.stop()
+
+
+def kafka_cli(*args: str) -> str:
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    result = CliRunner().invoke(cli, ["kafka", *args])
+    assert result.exit_code == 0, result.output
+    return result.output
 
 
 def test_a_broker_added_is_served_and_a_broker_removed_is_released_under_load(small_kafka, tmp_path):
@@ -184,8 +196,12 @@ def test_a_broker_added_is_served_and_a_broker_removed_is_released_under_load(sm
         _wait(lambda: load.acked_in(steady) > 20 and load.consumed > 0, DEADLINE_S, "the load running")
 
         # ---- a broker joins the running cluster: bound, assigned and advertised by every node.
-        new = small_kafka.add_broker(timeout=60)
-        assert new.id == 3
+        from chaos.testbed.kafka_cluster import KafkaCluster
+
+        state = str(small_kafka.state_dir)
+        kafka_cli("add-broker", "--state-dir", state)
+        new = KafkaCluster.load(state).spec(3)
+        assert not new.controller
 
         def serves_new() -> bool:
             s = statuses()
@@ -215,7 +231,9 @@ def test_a_broker_added_is_served_and_a_broker_removed_is_released_under_load(sm
 
         # ---- the broker is decommissioned: every node releases it.
         consumed_before = load.consumed
-        small_kafka.remove_broker(new.id, timeout=60)
+        removed = kafka_cli("remove-broker", str(new.id), "--state-dir", state)
+        assert f"broker {new.id} stopped and unregistered" in removed
+        assert [b.id for b in KafkaCluster.load(state).specs] == [1, 2]
 
         def released() -> bool:
             s = statuses()

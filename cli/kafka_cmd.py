@@ -1,4 +1,4 @@
-"""`kproxy kafka up|down|kill|restart`: the local Apache Kafka test bed."""
+"""`kproxy kafka up|down|kill|restart|add-broker|remove-broker`: the local Apache Kafka test bed."""
 
 from __future__ import annotations
 
@@ -105,3 +105,34 @@ def restart(broker_id: int, state_dir: str) -> None:
     except KafkaError as exc:
         _fail(exc)
     click.echo(f"broker {broker_id} restarted")
+
+
+@kafka.command("add-broker")
+@state_dir_option
+@click.option("--rack", default=None, help="broker.rack of the new broker (default rack-ID).")
+@click.option("--timeout", type=float, default=60.0, show_default=True)
+def add_broker(state_dir: str, rack: str | None, timeout: float) -> None:
+    """Start one more broker (broker only, the next id) into the running cluster; prints its id and address."""
+    from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError
+
+    try:
+        spec = KafkaCluster.load(state_dir).add_broker(rack=rack, timeout=timeout)
+    except KafkaError as exc:
+        _fail(exc)
+    click.echo(f"broker {spec.id} at {spec.address}")
+
+
+@kafka.command("remove-broker")
+@click.argument("broker_id", type=int)
+@state_dir_option
+@click.option("--timeout", type=float, default=60.0, show_default=True)
+def remove_broker(broker_id: int, state_dir: str, timeout: float) -> None:
+    """Decommission a broker add-broker started: controlled shutdown, then unregister it
+    (move its partitions away first if they must stay available)."""
+    from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError
+
+    try:
+        KafkaCluster.load(state_dir).remove_broker(broker_id, timeout=timeout)
+    except KafkaError as exc:
+        _fail(exc)
+    click.echo(f"broker {broker_id} stopped and unregistered")

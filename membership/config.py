@@ -106,6 +106,9 @@ class MemberConfig:
     heartbeat_interval: float = 0.25
     suspect_timeout: float = 1.0
     rebalance_delay: float = 1.0
+    # A leader removes a broker from the committed set only after reporting brokers this long
+    # (the data path's own grace period, upstream.release_after_s: membership.planner).
+    broker_grace: float = 0.0
     quorum_lease: float = 1.5
     commit_timeout: float = 5.0
 
@@ -139,6 +142,8 @@ class MemberConfig:
                 raise ConfigError(name, f"must be a number > 0, got {value!r}")
         if not isinstance(self.rebalance_delay, (int, float)) or self.rebalance_delay < 0:
             raise ConfigError("rebalance_delay", f"must be >= 0, got {self.rebalance_delay!r}")
+        if not isinstance(self.broker_grace, (int, float)) or self.broker_grace < 0:
+            raise ConfigError("broker_grace", f"must be >= 0, got {self.broker_grace!r}")
 
         def need(ok: bool, field: str, message: str) -> None:
             if not ok:

@@ -160,7 +160,7 @@ class MemberCore:
         self._all_ids = frozenset(m.id for m in config.members)
         self._peer_ids = tuple(m.id for m in config.peers)
         self._configured = config.nodes()
-        self._planner = Planner(config.rebalance_delay)
+        self._planner = Planner(config.rebalance_delay, broker_grace=config.broker_grace)
         self._tokens = itertools.count(1)
         self._started_at = now
         self._lease = QuorumLease(config.quorum_lease, now)

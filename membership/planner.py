@@ -15,6 +15,12 @@ Order of business:
 2. **Returns**: members seen live again are marked up *without* identities
    (the table is kept unless it is invalid). Step one of a rejoin.
 3. **Upstream brokers** the leader's own data path reports (``SetBrokers``).
+   A new broker is committed at once. A broker missing from the report had
+   been missing from Kafka's answers for the data path's grace period
+   (``proxy.broker_roster``) *if* the data path was running then: a leader
+   that has been reporting for less than ``broker_grace`` (a node just
+   started, whose data path never knew a broker in a rolling restart) keeps
+   the committed record of a missing broker until it has reported that long.
 4. **Repair**: a table that is invalid (a drained owner, a new broker without
    owner) is replaced at once by ``state.repaired()``.
 5. **Rebalance**: a valid but unbalanced table (a node came back, a node was
@@ -90,15 +96,20 @@ def settled_table(brokers: Iterable[Broker], nodes: list[ProxyNode],
 
 
 class Planner:
-    def __init__(self, rebalance_delay: float) -> None:
+    def __init__(self, rebalance_delay: float, broker_grace: float = 0.0) -> None:
         if rebalance_delay < 0:
             raise ValueError("rebalance_delay must be >= 0")
+        if broker_grace < 0:
+            raise ValueError("broker_grace must be >= 0")
         self.rebalance_delay = rebalance_delay
+        self.broker_grace = broker_grace
         self._live_since: dict[ProxyId, float] = {}
+        self._reporting_since: float | None = None
 
     def reset(self) -> None:
-        """Forget the liveness history (call when leadership is lost)."""
+        """Forget the liveness and report history (call when leadership is lost)."""
         self._live_since.clear()
+        self._reporting_since = None
 
     def observe(self, live: Iterable[ProxyId], now: float) -> None:
         live = frozenset(live)
@@ -110,6 +121,17 @@ class Planner:
     def live_for(self, node: ProxyId, now: float) -> float:
         since = self._live_since.get(node)
         return 0.0 if since is None else now - since
+
+    def _broker_change(self, state: FleetState, brokers: Iterable[Broker], now: float) -> SetBrokers | None:
+        """The reported set, keeping missing brokers' records while the reports are younger than the grace."""
+        if self._reporting_since is None:
+            self._reporting_since = now
+        reported = {b.id: b for b in brokers}
+        if now - self._reporting_since < self.broker_grace:
+            for b in state.brokers:
+                reported.setdefault(b.id, b)
+        wanted = tuple(sorted(reported.values(), key=lambda b: b.id))
+        return SetBrokers(wanted) if wanted != state.brokers else None
 
     def next_command(
         self,
@@ -135,9 +157,9 @@ class Planner:
             return MarkUp(back, state.epoch, _table(after, state.owner_map()))
 
         if brokers is not None:
-            reported = tuple(sorted(brokers, key=lambda b: b.id))
-            if reported != state.brokers:
-                return SetBrokers(reported)
+            command = self._broker_change(state, brokers, now)
+            if command is not None:
+                return command
 
         current = state.owner_map()
         if state.problem(current) is not None:

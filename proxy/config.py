@@ -12,6 +12,7 @@ test keeps it complete)::
     [upstream]
     bootstrap = ["127.0.0.1:19092"]     # required, host:port list
     refresh_interval_s = 10.0
+    release_after_s = 300.0              # a broker gone from Metadata this long is released
 
     [ports]                              # how broker identities map to ports
     base = 9100                          # broker B is served on base + B, or:
@@ -191,6 +192,7 @@ class Config:
     nodes: tuple[NodeConfig, ...]
     upstream: tuple[HostPort, ...]
     refresh_interval_s: float = 10.0
+    release_after_s: float = 300.0  # upstream.release_after_s (proxy.broker_roster)
     port_base: int | None = None
     port_map: Mapping[int, int] = attrs.field(factory=dict)
     limits: Limits = Limits()
@@ -234,7 +236,7 @@ def proxy_node(config: Config, node_id: str) -> TopologyNode:
 # names, so a field added there is accepted here; anything else exits 2 naming the key.
 SECTIONS = ("upstream", "ports", "nodes", "limits", "logging", "admin", "fleet", "debug", "security", "addresses")
 SECTION_KEYS: dict[str, frozenset[str]] = {
-    "upstream": frozenset({"bootstrap", "refresh_interval_s"}),
+    "upstream": frozenset({"bootstrap", "refresh_interval_s", "release_after_s"}),
     "ports": frozenset({"base", "map"}),
     "nodes": frozenset(f.name for f in attrs.fields(NodeConfig)),
     "limits": frozenset(f.name for f in attrs.fields(Limits)),
@@ -352,7 +354,7 @@ def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, sourc
     for name in SECTIONS:
         if name != "nodes" and isinstance(raw.get(name), dict):
             _check_keys(raw[name], name, SECTION_KEYS[name])
-    upstream, refresh = _parse_upstream(_get(raw, "upstream", "upstream", dict))
+    upstream, refresh, release_after = _parse_upstream(_get(raw, "upstream", "upstream", dict))
     base, port_map = _parse_ports(_get(raw, "ports", "ports", dict, {}))
     nodes = _parse_nodes(_get(raw, "nodes", "nodes", list))
     limits = _parse_limits(_get(raw, "limits", "limits", dict, {}))
@@ -369,7 +371,8 @@ def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, sourc
     addresses = _parse_addresses(_get(raw, "addresses", "addresses", dict, {}), nodes)
     return Config(
         tap_dir=tap_dir, security=security, addresses=addresses,
-        nodes=nodes, upstream=upstream, refresh_interval_s=refresh, port_base=base, port_map=port_map,
+        nodes=nodes, upstream=upstream, refresh_interval_s=refresh, release_after_s=release_after,
+        port_base=base, port_map=port_map,
         limits=limits, log_level=level, log_format=fmt, admin_token=token, fleet=fleet, source=source,
     )
 
@@ -404,14 +407,17 @@ def _parse_addresses(table: Mapping[str, Any], nodes: tuple[NodeConfig, ...]) ->
     return mover
 
 
-def _parse_upstream(upstream_raw: Mapping[str, Any]) -> tuple[tuple[HostPort, ...], float]:
+def _parse_upstream(upstream_raw: Mapping[str, Any]) -> tuple[tuple[HostPort, ...], float, float]:
     boots = _get(upstream_raw, "bootstrap", "upstream.bootstrap", list)
     if not boots:
         raise ConfigError("upstream.bootstrap", "must list at least one host:port")
     upstream = tuple(parse_host_port(v, f"upstream.bootstrap[{i}]") for i, v in enumerate(boots))
     refresh = _positive(_get(upstream_raw, "refresh_interval_s", "upstream.refresh_interval_s", float, 10.0),
                         "upstream.refresh_interval_s")
-    return upstream, refresh
+    release_after = _get(upstream_raw, "release_after_s", "upstream.release_after_s", float, 300.0)
+    if release_after < 0:
+        raise ConfigError("upstream.release_after_s", f"must be >= 0, got {release_after!r}")
+    return upstream, refresh, release_after
 
 
 def _parse_ports(ports_raw: Mapping[str, Any]) -> tuple[int | None, dict[int, int]]:

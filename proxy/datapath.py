@@ -113,6 +113,8 @@ class DataPath:
                                    plaintext=self._plaintext_listeners)
         self.discovery = BrokerDiscovery(config, self.local.host, self.listeners, self.registry,
                                          security=self.upstream_security)
+        if fleet:  # a forgotten broker's listener stays while the fleet's map still lists it
+            self.discovery.held = lambda: self._owners.keys()
         # Upstream connections leave from this node's own address (like a separate host); with
         # floating addresses, from the host's own one, which never moves.
         self._source = (self.local.host, 0)
@@ -233,6 +235,8 @@ class DataPath:
         drained = self.registry.drain(set(moved_away)) if moved_away else 0
         if self.floating is not None and self.floating.map_seen(serving):
             self._fenced()
+        if self.fleet and old.owners != serving.owners:
+            self.registry.spawn(self.discovery.release_unheld())
         if self.fleet:
             if me in serving.draining and not self.draining:
                 drained += self.drain_all()

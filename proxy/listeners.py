@@ -142,6 +142,22 @@ class Listeners:
             self.bound = self.bound | frozenset(added)
             self._on_bound(self.bound)
 
+    def release_identities(self, broker_ids: Iterable[int]) -> None:
+        """Stop listening for identities of brokers that left the cluster (call under ``lock``).
+
+        New connections are refused from now on; the caller drains the ones
+        still open. Whether the listener was open (a draining node closed its
+        own already) or not, the identity is no longer bound here."""
+        gone = frozenset(broker_ids) & self.bound
+        for b in sorted(gone):
+            server = self.own.pop(b, None)
+            if server is not None:
+                server.close()
+            log.info("listener released", extra={"broker": b})
+        if gone:
+            self.bound = self.bound - gone
+            self._on_bound(self.bound)
+
     def close_own(self, at_delay: float) -> None:
         """Stop accepting on the node's own listeners, at once or ``at_delay`` seconds from now."""
         own = list(self.own.values())

@@ -27,7 +27,8 @@ log = logging.getLogger("kproxy.member_link")
 
 _FIELD = {"raft_min_timeout": "fleet.raft_min_timeout_s", "raft_max_timeout": "fleet.raft_max_timeout_s",
           "suspect_timeout": "fleet.dead_after_s", "quorum_lease": "fleet.lease_s",
-          "rebalance_delay": "fleet.rebalance_delay_s", "password": "fleet.password", "members": "nodes"}
+          "rebalance_delay": "fleet.rebalance_delay_s", "password": "fleet.password", "members": "nodes",
+          "broker_grace": "upstream.release_after_s"}
 
 
 def member_config(config: Config, node_id: str) -> MemberConfig:
@@ -42,7 +43,7 @@ def member_config(config: Config, node_id: str) -> MemberConfig:
                             raft_min_timeout=f.raft_min_timeout_s, raft_max_timeout=f.raft_max_timeout_s,
                             connection_timeout=max(1.0, f.raft_max_timeout_s),
                             suspect_timeout=f.dead_after_s, quorum_lease=f.lease_s,
-                            rebalance_delay=f.rebalance_delay_s)
+                            rebalance_delay=f.rebalance_delay_s, broker_grace=config.release_after_s)
     except MemberConfigError as exc:
         raise ConfigError(_FIELD.get(exc.field, f"fleet.{exc.field}"), str(exc)) from None
 

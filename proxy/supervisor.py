@@ -103,7 +103,8 @@ class Supervisor:
         self.policy = RestartPolicy()
         self.retired = RetiredCounters()
         self.handles: dict[int, WorkerHandle] = {}
-        self.brokers: dict[int, UpstreamBroker] = {}
+        self.brokers: dict[int, UpstreamBroker] = {}  # the node's: what any ready worker knows
+        self._worker_brokers: dict[int, tuple[UpstreamBroker, ...]] = {}
         self.member: Any = None  # membership.member.Member with [fleet]
         self.admin: AdminServer | None = None
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -142,11 +143,11 @@ class Supervisor:
             if future is not None and not future.done():
                 future.set_result(message.value)
         elif isinstance(message, BrokersChanged):
-            self._learn(message.brokers)
+            self._learn(handle.index, message.brokers)
         elif isinstance(message, Ready):
             handle.ready = True
             self.book.ready(handle.index, message.version)
-            self._learn(message.brokers)
+            self._learn(handle.index, message.brokers)
             if handle.index in self.book.behind():
                 assert self.book.latest is not None
                 handle.channel.send(ApplyMap(self.book.latest))
@@ -184,15 +185,20 @@ class Supervisor:
             code = handle.proc.wait()
         log.info("worker reaped", extra={"worker": handle.index, "pid": handle.pid, "exit_code": code})
 
-    def _learn(self, brokers: tuple[UpstreamBroker, ...]) -> None:
-        """Brokers a worker knows: the member and the other workers hear of any new one
-        (discovery never forgets one), so every worker binds its listener soon."""
-        new = [b for b in brokers if self.brokers.get(b.node_id) != b]
-        if not new:
+    def _learn(self, worker: int, brokers: tuple[UpstreamBroker, ...]) -> None:
+        """Worker ``worker`` knows exactly ``brokers`` now. The node knows what any of its workers
+        knows: the other workers hear of a new broker (so each binds its listener soon), the member
+        of every change (a broker is forgotten once every worker forgot it, proxy.broker_roster)."""
+        self._worker_brokers[worker] = tuple(brokers)
+        known: dict[int, UpstreamBroker] = {}
+        for index in sorted(self._worker_brokers):
+            known.update((b.node_id, b) for b in self._worker_brokers[index])
+        new = [b for b in known.values() if self.brokers.get(b.node_id) != b]
+        if known == self.brokers:
             return
-        self.brokers.update((b.node_id, b) for b in new)
+        self.brokers = known
         for handle in self.handles.values():
-            if handle.ready:
+            if handle.ready and new:
                 handle.channel.send(LearnBrokers(tuple(new)))
         if self.member is not None:
             from proxy.member_link import report_brokers

@@ -13,6 +13,12 @@ Everything a cluster needs to be found again lives in ``STATE_DIR/cluster.json``
 the processes that ``up`` started, by PID, after checking that each PID is still
 a java process started for this state dir.
 
+Brokers come and go (:meth:`KafkaCluster.add_broker`, :meth:`KafkaCluster.remove_broker`):
+an added broker is broker-only (``process.roles=broker``) and joins the running cluster under
+the static controller quorum of the brokers started with it; it can be decommissioned again
+(stopped with a controlled shutdown, then unregistered: ``kafka-cluster.sh unregister``). The
+first brokers are the quorum's voters and stay.
+
 Sizing for a 2-core machine: a 3-broker cluster must fit beside three proxies,
 clients and Spark, so each JVM gets a small heap, SerialGC and two network and
 two I/O threads.
@@ -96,6 +102,7 @@ class BrokerSpec:
     port: int
     controller_port: int
     rack: str | None
+    controller: bool = True  # a voter of the static quorum (broker+controller); False: broker only
 
     @property
     def address(self) -> str:
@@ -301,6 +308,7 @@ class KafkaCluster:
                     "port": s.port,
                     "controller_port": s.controller_port,
                     "rack": s.rack,
+                    "controller": s.controller,
                     "pid": self.pids.get(s.id),
                 }
                 for s in self.specs
@@ -324,7 +332,8 @@ class KafkaCluster:
                    exec_prefix=tuple(data.get("exec_prefix", ())),
                    security=Protocol(data.get("security", "PLAINTEXT")), reauth_ms=data.get("reauth_ms", 0))
         self.specs = [
-            BrokerSpec(b["id"], b["host"], b["port"], b["controller_port"], b.get("rack")) for b in brokers
+            BrokerSpec(b["id"], b["host"], b["port"], b["controller_port"], b.get("rack"), b.get("controller", True))
+            for b in brokers
         ]
         self.cluster_id = data.get("cluster_id")
         self.pids = {b["id"]: b["pid"] for b in brokers if b.get("pid")}
@@ -337,10 +346,13 @@ class KafkaCluster:
     def _write_config(self, s: BrokerSpec) -> Path:
         d = self._broker_dir(s.id)
         (d / "data").mkdir(parents=True, exist_ok=True)
-        voters = ",".join(f"{o.id}@{o.host}:{o.controller_port}" for o in self.specs)
-        rf = min(3, len(self.specs))
+        controllers = [o for o in self.specs if o.controller]
+        voters = ",".join(f"{o.id}@{o.host}:{o.controller_port}" for o in controllers)
+        rf = min(3, len(controllers))  # the brokers started together: an added one keeps their settings
         name = self.protocol.value  # the client listener is named after its protocol
-        listeners = f"{name}://{s.host}:{s.port},CONTROLLER://{s.host}:{s.controller_port}"
+        listeners = f"{name}://{s.host}:{s.port}"
+        if s.controller:
+            listeners += f",CONTROLLER://{s.host}:{s.controller_port}"
         advertised = f"{name}://{s.host}:{s.port}"
         protocols = f"{name}:{name},CONTROLLER:PLAINTEXT"
         if self.relay_host:
@@ -348,7 +360,7 @@ class KafkaCluster:
             advertised += f",RELAY://{self.relay_host}:{s.relay_port}"
             protocols += ",RELAY:PLAINTEXT"
         props = {
-            "process.roles": "broker,controller",
+            "process.roles": "broker,controller" if s.controller else "broker",
             "node.id": s.id,
             "controller.quorum.voters": voters,
             "listeners": listeners,
@@ -406,7 +418,7 @@ class KafkaCluster:
 
     def _launch(self, s: BrokerSpec) -> None:
         d = self._broker_dir(s.id)
-        if not self._port_free(s.host, s.port) or not self._port_free(s.host, s.controller_port):
+        if not self._port_free(s.host, s.port) or (s.controller and not self._port_free(s.host, s.controller_port)):
             raise KafkaError(
                 f"port {s.host}:{s.port} or {s.host}:{s.controller_port} for broker {s.id} is already taken"
                 " (another Kafka running? stop it or choose another --base-port)"
@@ -561,6 +573,65 @@ class KafkaCluster:
         self._launch(s)
         self._save()
         self.wait_ready(timeout, brokers=[broker_id])
+
+    def add_broker(self, rack: str | None = None, timeout: float = 60.0) -> BrokerSpec:
+        """Start one more broker (broker only, the next id and port) into the running cluster and
+        wait until it is registered."""
+        if not any(self._alive(s.id) for s in self.specs if s.controller):
+            raise KafkaError("the cluster is not running: no controller to join")
+        first = self.specs[0]
+        bid = max(s.id for s in self.specs) + 1
+        spec = BrokerSpec(bid, self.host, first.port + bid - first.id, first.controller_port + bid - first.id,
+                          rack if rack is not None else f"rack-{bid}", controller=False)
+        self.specs.append(spec)
+        try:
+            self._format(spec, self._write_config(spec))
+            self._launch(spec)
+            self._save()
+            self.wait_ready(timeout, brokers=[bid])
+        except BaseException:
+            self._stop_one(bid, 10.0)
+            self.specs.remove(spec)
+            self._save()
+            raise
+        return spec
+
+    def remove_broker(self, broker_id: int, timeout: float = 60.0) -> None:
+        """Decommission broker ``broker_id`` (one :meth:`add_broker` started): a controlled shutdown
+        (SIGTERM: its partition leaderships move first), then unregister it from the cluster, so it
+        is gone from Metadata and DescribeCluster for good. Moving its replicas is the caller's."""
+        spec = self.spec(broker_id)
+        if spec.controller:
+            raise KafkaError(f"broker {broker_id} is a voter of the controller quorum: only a broker added "
+                             "with add_broker can be decommissioned")
+        self._stop_one(broker_id, timeout)
+        others = ",".join(s.address for s in self.specs if s.id != broker_id and self._alive(s.id))
+        if not others:
+            raise KafkaError("no running broker left to unregister it with")
+        cmd = java_tool_cmd("org.apache.kafka.tools.ClusterTool", "unregister", "--bootstrap-server", others,
+                            "--id", str(broker_id), *self._tool_config_args())
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=tools_env(self.state_dir))
+        if proc.returncode != 0:
+            raise KafkaError(f"unregistering broker {broker_id} failed:\n{proc.stdout}{proc.stderr}")
+        self.specs.remove(spec)
+        self._save()
+
+    def _tool_config_args(self) -> list[str]:
+        """``--config FILE`` with the client's security settings for Kafka's tools (PLAINTEXT: none)."""
+        if self.security is None:
+            return []
+        return ["--config", str(self.client_security.java_properties(self.state_dir / "tool-client.properties"))]
+
+    def _stop_one(self, broker_id: int, timeout: float) -> None:
+        """SIGTERM (a controlled shutdown), SIGKILL after ``timeout``; only ours, by PID."""
+        pid = self.pids.get(broker_id)
+        if pid is not None and _is_our_java(pid, self.state_dir):
+            os.kill(pid, signal.SIGTERM)
+            if not _wait_gone(pid, timeout):
+                os.kill(pid, signal.SIGKILL)
+                _wait_gone(pid, 10.0)
+        self._reap(broker_id)
+        self.pids.pop(broker_id, None)
 
     def _reap(self, broker_id: int) -> None:
         proc = self._procs.pop(broker_id, None)

@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 
 from chaos.testbed.hosts import HOST_MODES, LOOPBACK
+from chaos.testbed.security import SECURITY_CHOICES as SECURITY
 
 
 @click.group()
@@ -30,7 +31,7 @@ def bench() -> None:
 @click.option("--relay/--no-relay", default=True, show_default=True,
               help="Fetch phases also through a Kafka-unaware splice relay (chaos.bench.relay): the baseline hop. "
                    "Needs the bench's own Kafka (ignored with --bootstrap).")
-@click.option("--security", type=click.Choice(["plaintext", "ssl", "sasl_plaintext", "sasl_ssl"]),
+@click.option("--security", type=click.Choice(SECURITY),
               default="plaintext", show_default=True,
               help="The brokers' listener; not plaintext: the proxy speaks TLS to its clients, and no relay arm.")
 @click.option("--json", "as_json", is_flag=True)
@@ -68,14 +69,24 @@ def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_rounds: 
 @click.option("--light-clients", type=click.IntRange(0, 50_000), default=0, show_default=True,
               help="Also N light clients (connect, Metadata, hold a connection; reconnect on loss) during the "
                    "SIGKILL drills: light_recovered_s, fault to each cut client back. Loopback only.")
+@click.option("--security", type=click.Choice(SECURITY), default="plaintext", show_default=True,
+              help="The Kafka and fleet brought up: secured as `kproxy fleet up --security` does (TLS toward the "
+                   "clients, TLS/SASL upstream); every client family connects with the matching settings. "
+                   "With --state-dir the running fleet's own.")
 @click.option("--json", "as_json", is_flag=True)
 def bench_failover(drills: int, drains: int, clients: str | None, rate: float, state_dir: str | None,
-                   out_dir: str | None, seed: int | None, hosts: str, light_clients: int, as_json: bool) -> None:
+                   out_dir: str | None, seed: int | None, hosts: str, light_clients: int, security: str,
+                   as_json: bool) -> None:
     """RTO per client family over many SIGKILL drills (and drains), detection and commit times."""
     from chaos.bench.failover import DEFAULT_CLIENTS, run
+    from chaos.testbed.security import Protocol
 
     if light_clients and hosts != LOOPBACK:
         raise click.BadParameter("light clients run on loopback only", param_hint="--light-clients")
+    if light_clients and security != "plaintext":
+        raise click.BadParameter("light clients speak plaintext only", param_hint="--light-clients")
+    if state_dir and security != "plaintext":
+        raise click.BadParameter("with --state-dir the running fleet's own security is used", param_hint="--security")
 
     console = Console(stderr=True)
     phases: list[str] = []
@@ -86,7 +97,8 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
             console.print(f"[dim]… {status['phase']}[/dim]")
 
     results = run(drills=drills, drains=drains, clients=clients or DEFAULT_CLIENTS, rate=rate, state_dir=state_dir,
-                  out_dir=out_dir, seed=seed, light_clients=light_clients, progress=progress, hosts=hosts)
+                  out_dir=out_dir, seed=seed, light_clients=light_clients, progress=progress, hosts=hosts,
+                  security=Protocol.parse(security))
     if as_json:
         click.echo(json.dumps(results, indent=2, default=str))
         return

@@ -188,12 +188,25 @@ class LocalFleet(ClusterAdmin):
 
     def down(self) -> None:
         """Stop the proxies and Kafka, then remove the emulated hosts (raises if any is left)."""
+        self.adopt_saved_pids()
         for n in self.nodes.values():
             n.stop()
         if self.kafka is not None:
             self.kafka.stop()
         self._save()
         self.remove_hosts()
+
+    def adopt_saved_pids(self) -> None:
+        """A node restarted through another handle on this fleet (``kproxy drill run --state-dir``,
+        ``cluster restart-node``) runs under the PID ``fleet.json`` names, not the one this object
+        started: stop that one too."""
+        path = self.state_dir / "fleet.json"
+        if not path.exists():
+            return
+        for saved in json.loads(path.read_text()).get("nodes", []):
+            node = self.nodes.get(saved["id"])
+            if node is not None and saved.get("pid") and saved["pid"] != node.pid and not node.alive():
+                node.adopt(saved["pid"])
 
     def remove_hosts(self) -> None:
         """Remove every namespace, link and address of the fleet's emulated hosts (none on loopback)."""
@@ -205,6 +218,7 @@ class LocalFleet(ClusterAdmin):
 
     # ------------------------------------------------------------- actions
     def signal_node(self, node_id: str, sig: str) -> None:
+        self.adopt_saved_pids()
         node = self._node(node_id)
         try:
             node.signal(sig.upper())
@@ -212,6 +226,7 @@ class LocalFleet(ClusterAdmin):
             raise LocalFleetError(str(exc)) from None
 
     def restart_node(self, node_id: str, timeout: float = 60.0) -> None:
+        self.adopt_saved_pids()
         node = self._node(node_id)
         if node.alive():
             node.stop()

@@ -120,6 +120,11 @@ class NodeProcess(NodeAdmin):
     def token(self) -> str:
         return read_env(self.config_path)["KPROXY_ADMIN_TOKEN"]
 
+    def adopt(self, pid: int) -> None:
+        """The node now runs as ``pid``, started by another handle on the fleet (a restart
+        through ``fleet.json``): signal that process from now on."""
+        self.pid, self._proc = pid, None
+
     def start(self) -> "NodeProcess":
         if self.alive():
             raise ProxyProcessError(f"node {self.node_id} is already running (pid {self.pid})")

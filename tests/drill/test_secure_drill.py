@@ -47,3 +47,7 @@ def test_kill_drill_with_every_family_over_sasl_ssl(secure_fleet, tmp_path):
     assert stat.S_IMODE(settings.stat().st_mode) == 0o600
     assert json.loads(settings.read_text())["protocol"] == "SASL_SSL"
     assert secure_fleet.client.password not in (tmp_path / s["run_id"] / "drill.json").read_text()
+    # The drill restarted the victim through the state dir: the fixture's handle follows it (the
+    # later tests signal nodes through it, and its teardown must stop the new process).
+    secure_fleet.adopt_saved_pids()
+    assert all(n.alive() for n in secure_fleet.nodes.values())

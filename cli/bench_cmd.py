@@ -179,3 +179,35 @@ def bench_workers(workers: str, rounds: int, duration: float, connections: int, 
         click.echo(f"{arm:>6}: {row['requests_per_s']} requests/s"
                    + (f", {row['cpu_us_per_request']} CPU-µs/request, ratio to direct {row['ratio_to_direct']}"
                       if arm != "direct" else ""))
+
+
+@bench.command("handshakes")
+@click.option("--workers", "workers", default="1,2", show_default=True,
+              help="Comma-separated worker counts, one TLS node each (1 and/or 2).")
+@click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True)
+@click.option("--duration", type=click.FloatRange(1, 600), default=10.0, show_default=True,
+              help="Seconds of handshakes per arm and round.")
+@click.option("--clients", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Client processes, each handshaking in a loop (connect, full handshake, close).")
+@click.option("--tls-version", type=click.Choice(["1.2", "1.3"]), default="1.3", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def bench_handshakes(workers: str, rounds: int, duration: float, clients: int, tls_version: str,
+                     as_json: bool) -> None:
+    """The TLS handshake rate of one node: handshakes/s and handshakes per node CPU second, W = 1 vs 2."""
+    from chaos.bench.handshakes import NODE_IPS, run
+
+    try:
+        counts = tuple(int(w) for w in workers.split(",") if w.strip())
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of integers", param_hint="--workers") from None
+    if not counts or any(w not in NODE_IPS for w in counts):
+        raise click.BadParameter(f"worker counts among {sorted(NODE_IPS)}", param_hint="--workers")
+    console = Console(stderr=True)
+    results = run(counts, rounds=rounds, duration_s=duration, clients=clients, tls_version=tls_version,
+                  progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+        return
+    for arm, row in results["arms"].items():
+        click.echo(f"{arm:>3}: {row['handshakes_per_s']} handshakes/s end to end, {row['handshakes_per_core_s']} "
+                   f"per node CPU second ({row['node_cpu_ms_per_handshake']} ms each), {row['failed']} failed")

@@ -135,8 +135,9 @@ class Target:
 
     @classmethod
     def of_fleet(cls, fleet: Any) -> "Target":
-        return cls(list(fleet.bootstrap), fleet, getattr(fleet, "kafka", None), tuple(getattr(fleet, "client_exec", ())),
-                   getattr(fleet, "client_security", None), getattr(fleet, "broker_security", None))
+        return cls(list(fleet.bootstrap), fleet, getattr(fleet, "kafka", None),
+                   tuple(getattr(fleet, "client_exec", ())), getattr(fleet, "client_security", None),
+                   getattr(fleet, "broker_security", None))
 
     @classmethod
     def of_kafka(cls, kafka: Any) -> "Target":

@@ -145,14 +145,13 @@ class Target:
                    broker_security=_broker_security(kafka))
 
     def create_topic(self, name: str, partitions: int, replication: int) -> None:
-        if self.kafka is not None:
-            self.kafka.create_topic(name, partitions, replication)
+        if self.kafka is not None:  # as many replicas as there are brokers, at most (a one-broker test bed)
+            self.kafka.create_topic(name, partitions, max(1, min(replication, len(self.kafka.specs))))
             return
         from confluent_kafka.admin import AdminClient, NewTopic
 
         admin = AdminClient({"bootstrap.servers": ",".join(self.bootstrap), "log_level": 3,
                              **client_settings(self.security, "confluent")})
-        # As many replicas as there are brokers, at most (a one-broker test bed behind a fleet).
         replication = max(1, min(replication, len(admin.list_topics(timeout=30).brokers)))
         fut = admin.create_topics([NewTopic(name, partitions, replication,
                                             config={"min.insync.replicas": str(min(2, replication))})],

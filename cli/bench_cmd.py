@@ -8,6 +8,7 @@ import click
 from rich.console import Console
 
 from chaos.testbed.hosts import HOST_MODES, LOOPBACK
+from chaos.testbed.security import SECURITY_CHOICES as SECURITY
 
 
 @click.group()
@@ -30,7 +31,7 @@ def bench() -> None:
 @click.option("--relay/--no-relay", default=True, show_default=True,
               help="Fetch phases also through a Kafka-unaware splice relay (chaos.bench.relay): the baseline hop. "
                    "Needs the bench's own Kafka (ignored with --bootstrap).")
-@click.option("--security", type=click.Choice(["plaintext", "ssl", "sasl_plaintext", "sasl_ssl"]),
+@click.option("--security", type=click.Choice(SECURITY),
               default="plaintext", show_default=True,
               help="The brokers' listener; not plaintext: the proxy speaks TLS to its clients, and no relay arm.")
 @click.option("--json", "as_json", is_flag=True)
@@ -72,16 +73,25 @@ def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_rounds: 
                                             "kill-two", "freeze-two", "partition-two")),
               default="kill", show_default=True,
               help="The fault of the main drills (partition-one-way, flap, partition-two: --hosts netns only).")
+@click.option("--security", type=click.Choice(SECURITY), default="plaintext", show_default=True,
+              help="The Kafka and fleet brought up: secured as `kproxy fleet up --security` does (TLS toward the "
+                   "clients, TLS/SASL upstream); every client family connects with the matching settings. "
+                   "With --state-dir the running fleet's own.")
 @click.option("--json", "as_json", is_flag=True)
 def bench_failover(drills: int, drains: int, clients: str | None, rate: float, state_dir: str | None,
                    out_dir: str | None, seed: int | None, hosts: str, light_clients: int, fault: str,
-                   as_json: bool) -> None:
+                   security: str, as_json: bool) -> None:
     """RTO per client family over many drills of one fault (SIGKILL by default) and drains,
     detection and commit times (and, on emulated hosts, fault to address moved)."""
     from chaos.bench.failover import DEFAULT_CLIENTS, run
+    from chaos.testbed.security import Protocol
 
     if light_clients and hosts != LOOPBACK:
         raise click.BadParameter("light clients run on loopback only", param_hint="--light-clients")
+    if light_clients and security != "plaintext":
+        raise click.BadParameter("light clients speak plaintext only", param_hint="--light-clients")
+    if state_dir and security != "plaintext":
+        raise click.BadParameter("with --state-dir the running fleet's own security is used", param_hint="--security")
 
     console = Console(stderr=True)
     phases: list[str] = []
@@ -93,7 +103,7 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
 
     results = run(drills=drills, drains=drains, clients=clients or DEFAULT_CLIENTS, rate=rate, state_dir=state_dir,
                   out_dir=out_dir, seed=seed, light_clients=light_clients, progress=progress, hosts=hosts,
-                  fault=fault)
+                  fault=fault, security=Protocol.parse(security))
     if as_json:
         click.echo(json.dumps(results, indent=2, default=str))
         return
@@ -175,3 +185,35 @@ def bench_workers(workers: str, rounds: int, duration: float, connections: int, 
         click.echo(f"{arm:>6}: {row['requests_per_s']} requests/s"
                    + (f", {row['cpu_us_per_request']} CPU-µs/request, ratio to direct {row['ratio_to_direct']}"
                       if arm != "direct" else ""))
+
+
+@bench.command("handshakes")
+@click.option("--workers", "workers", default="1,2", show_default=True,
+              help="Comma-separated worker counts, one TLS node each (1 and/or 2).")
+@click.option("--rounds", type=click.IntRange(1, 20), default=3, show_default=True)
+@click.option("--duration", type=click.FloatRange(1, 600), default=10.0, show_default=True,
+              help="Seconds of handshakes per arm and round.")
+@click.option("--clients", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Client processes, each handshaking in a loop (connect, full handshake, close).")
+@click.option("--tls-version", type=click.Choice(["1.2", "1.3"]), default="1.3", show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def bench_handshakes(workers: str, rounds: int, duration: float, clients: int, tls_version: str,
+                     as_json: bool) -> None:
+    """The TLS handshake rate of one node: handshakes/s and handshakes per node CPU second, W = 1 vs 2."""
+    from chaos.bench.handshakes import NODE_IPS, run
+
+    try:
+        counts = tuple(int(w) for w in workers.split(",") if w.strip())
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of integers", param_hint="--workers") from None
+    if not counts or any(w not in NODE_IPS for w in counts):
+        raise click.BadParameter(f"worker counts among {sorted(NODE_IPS)}", param_hint="--workers")
+    console = Console(stderr=True)
+    results = run(counts, rounds=rounds, duration_s=duration, clients=clients, tls_version=tls_version,
+                  progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
+    if as_json:
+        click.echo(json.dumps(results, indent=2))
+        return
+    for arm, row in results["arms"].items():
+        click.echo(f"{arm:>3}: {row['handshakes_per_s']} handshakes/s end to end, {row['handshakes_per_core_s']} "
+                   f"per node CPU second ({row['node_cpu_ms_per_handshake']} ms each), {row['failed']} failed")

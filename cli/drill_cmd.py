@@ -21,6 +21,7 @@ import click
 from chaos.clients import FAMILIES
 from chaos.drills.fault_names import CONTROLS, FAULTS
 from chaos.testbed.hosts import HOST_MODES, LOOPBACK
+from chaos.testbed.security import SECURITY_CHOICES as SECURITY
 from proxy.admin_client import AdminError
 
 EXIT_OK, EXIT_UNHEALTHY, EXIT_USAGE = 0, 1, 2
@@ -43,6 +44,12 @@ def _clients(ctx: click.Context, param: click.Parameter, value: str) -> tuple[tu
         return parse_clients(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from exc
+
+
+def _check_security(asked: str | None, running: Any, state_dir: str) -> None:
+    """With --state-dir, --security (if given) must be what runs there: the clients use its settings."""
+    if asked is not None and asked != running.value.lower():
+        _fail(f"--security {asked}: the fleet (or Kafka) in {state_dir} is {running.value.lower()}")
 
 
 class _Live:
@@ -141,18 +148,24 @@ def _print_summary(result: dict[str, Any]) -> None:
 @click.option("--hosts", type=click.Choice(HOST_MODES), default=None,
               help="The fleet this drill brings up: loopback (default) or netns (emulated hosts, needs root). "
                    "With --state-dir the running fleet's own mode is used.")
+@click.option("--security", type=click.Choice(SECURITY), default=None,
+              help="The Kafka (and fleet) this drill brings up: plaintext (default) or secured as `kproxy fleet up "
+                   "--security` does; every client family connects with the matching TLS/SASL settings. "
+                   "With --state-dir the running fleet's (or Kafka's) own is used (and must be this one if given).")
 def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: str, as_json: bool,
         state_dir: str | None, seed: int | None, rate: float, direct: bool, progress: bool | None,
-        hosts: str | None) -> None:
+        hosts: str | None, security: str | None) -> None:
     """Run FAULT under load REPEAT times and print RTO, lost and duplicated records."""
     from chaos.drills.drill import DrillConfig, Target, new_seed, run_drill
     from chaos.testbed.fleet import LocalFleet
     from chaos.testbed.hosts import HostsError
     from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError, free_base_port
     from chaos.testbed.proxies import ProxyProcessError
+    from chaos.testbed.security import Protocol
 
     if hosts is not None and (state_dir or direct):
         raise click.UsageError("--hosts applies to a fleet the drill brings up (not with --state-dir or --direct)")
+    protocol = Protocol.parse(security or "plaintext")
     seed = new_seed() if seed is None else seed
     click.echo(f"seed {seed}", err=True)
     config = DrillConfig(fault=fault, out_dir=Path(out_dir), repeat=repeat, clients=clients, rate=rate, seed=seed)
@@ -164,10 +177,11 @@ def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: 
             try:
                 if state_dir:
                     kafka = KafkaCluster.load(state_dir)
+                    _check_security(security, kafka.protocol, state_dir)
                 else:
                     owned_dir = tempfile.mkdtemp(prefix="kproxy-drill-kafka-")
                     click.echo(f"starting a local Kafka in {owned_dir}", err=True)
-                    kafka = owned = KafkaCluster(owned_dir, 3, base_port=free_base_port()).start()
+                    kafka = owned = KafkaCluster(owned_dir, 3, base_port=free_base_port(), security=protocol).start()
             except KafkaError as exc:
                 _fail(str(exc))
             target = Target.of_kafka(kafka)
@@ -175,13 +189,14 @@ def run(fault: str, repeat: int, clients: tuple[tuple[str, str], ...], out_dir: 
             try:
                 if state_dir:
                     fleet = LocalFleet.load(state_dir)
+                    _check_security(security, fleet.security, state_dir)
                 else:
                     owned_dir = tempfile.mkdtemp(prefix="kproxy-drill-fleet-")
                     click.echo(f"starting a local fleet in {owned_dir}", err=True)
                     if (hosts or LOOPBACK) == LOOPBACK:
-                        fleet = owned = LocalFleet.up(owned_dir, kafka_base_port=free_base_port())
+                        fleet = owned = LocalFleet.up(owned_dir, kafka_base_port=free_base_port(), security=protocol)
                     else:  # a fresh namespace: the default ports are free there
-                        fleet = owned = LocalFleet.up(owned_dir, hosts=hosts)
+                        fleet = owned = LocalFleet.up(owned_dir, hosts=hosts, security=protocol)
             except (AdminError, KafkaError, ProxyProcessError, HostsError) as exc:
                 _fail(f"no local fleet: {exc}")
             target = Target.of_fleet(fleet)

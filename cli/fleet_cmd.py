@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from chaos.testbed.hosts import HOST_MODES, LOOPBACK
+from chaos.testbed.security import SECURITY_CHOICES as SECURITY
 from cli.exit_codes import EXIT_UNHEALTHY, EXIT_USAGE, fail
 from proxy.admin_client import AdminError, AdminRefused, ClusterAdmin
 from proxy.status import FleetView, NodeRow
@@ -25,6 +26,11 @@ hosts_option = click.option(
     help="loopback: every process on this host's loopback (127.0.0.x); netns: each proxy node, the brokers "
          "and the drill clients on an emulated host of its own (a network namespace on a bridge, 198.18.0.0/24; "
          "needs root).")
+security_option = click.option(
+    "--security", type=click.Choice(SECURITY), default="plaintext", show_default=True,
+    help="The local Kafka's listener (its own CA and SCRAM users, chaos.testbed.security). Not plaintext: "
+         "the fleet speaks TLS to its clients and TLS/SASL upstream as the brokers need; clients then use "
+         "SASL_SSL (or SSL) with the test bed's CA.")
 state_dir_option = click.option("--state-dir", required=True, type=click.Path(file_okay=False),
                                 help="Directory holding the local fleet's state.")
 console = Console()
@@ -83,29 +89,41 @@ def fleet() -> None:
 @hosts_option
 @click.option("--workers", type=click.IntRange(1, 256), default=1, show_default=True,
               help="Data-path worker processes per node (nodes on one machine share its cores).")
+@security_option
 @click.option("--json", "as_json", is_flag=True)
 def fleet_up(brokers: int, proxies: int, state_dir: str, bootstrap: str | None, timeout: float, first_ip: int,
-             hosts: str, workers: int, as_json: bool) -> None:
+             hosts: str, workers: int, security: str, as_json: bool) -> None:
     """Start the fleet, wait for a leader and every identity assigned, print the bootstrap list."""
     if first_ip + proxies - 1 > 254:
         raise click.BadParameter(f"127.0.0.{first_ip + proxies - 1} is past 127.0.0.254", param_hint="--first-ip")
+    if security != "plaintext" and bootstrap is not None:
+        raise click.BadParameter("a secured fleet brings up its own Kafka (its CA and SASL users): "
+                                 "not with --bootstrap", param_hint="--security")
     from chaos.testbed.fleet import LocalFleet
     from chaos.testbed.hosts import HostsError
     from chaos.testbed.kafka_cluster import KafkaError
     from chaos.testbed.proxies import ProxyProcessError
+    from chaos.testbed.security import Protocol
 
     try:
         f = LocalFleet.up(state_dir, brokers=brokers, proxies=proxies, kafka_bootstrap=bootstrap, timeout=timeout,
-                          first_ip=first_ip, hosts=hosts, workers=workers)
+                          first_ip=first_ip, hosts=hosts, workers=workers, security=Protocol.parse(security))
     except (AdminError, KafkaError, ProxyProcessError, HostsError, OSError) as exc:
         _fail(exc)
     view = f.fleet_view()
+    client = f.client_security
+    props = None if client is None else client.java_properties(f.state_dir / "client.properties")
     if as_json:
         click.echo(json.dumps({"bootstrap": f.bootstrap, "epoch": view.epoch, "leader": view.leader,
                                "assignment": view.assignment, "nodes": [n.id for n in view.nodes],
-                               "kafka": f.kafka.bootstrap if f.kafka else f.upstream, "state_dir": state_dir}))
+                               "kafka": f.kafka.bootstrap if f.kafka else f.upstream, "state_dir": state_dir,
+                               "security": f.security.value,
+                               "client": None if client is None else {**client.describe(),
+                                                                      "properties": str(props)}}))
     else:
         click.echo(f.bootstrap_servers)
+        if props is not None:
+            click.echo(f"client settings (Java properties, password inside, mode 0600): {props}", err=True)
 
 
 @fleet.command("down")

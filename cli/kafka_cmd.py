@@ -9,8 +9,8 @@ import sys
 import click
 
 from chaos.testbed import KAFKA_BASE_PORT
+from chaos.testbed.security import SECURITY_CHOICES as SECURITY
 
-SECURITY = ("plaintext", "ssl", "sasl_plaintext", "sasl_ssl")
 SIGNALS = {"KILL": signal.SIGKILL, "TERM": signal.SIGTERM, "STOP": signal.SIGSTOP, "CONT": signal.SIGCONT}
 state_dir_option = click.option(
     "--state-dir", required=True, type=click.Path(file_okay=False), help="Directory holding the cluster's state."

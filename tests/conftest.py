@@ -93,9 +93,8 @@ def secure_fleet(secure_kafka, tmp_path_factory):
     sec = secure_kafka.security
     tap = tmp_path_factory.mktemp("tap-secure")
     fleet = LocalFleet.up(tmp_path_factory.mktemp("fleet-secure"), proxies=3, kafka_bootstrap=secure_kafka.bootstrap,
-                          first_ip=61, timeout=90,
-                          extra_config={"security": sec.proxy_config(), "debug": {"tap_dir": str(tap)}})
-    fleet.client = sec.proxy_client()  # type: ignore[attr-defined]
+                          first_ip=61, timeout=90, testbed=sec, extra_config={"debug": {"tap_dir": str(tap)}})
+    fleet.client = fleet.client_security  # type: ignore[attr-defined]
     fleet.tap_dir = tap  # type: ignore[attr-defined]
     try:
         yield fleet

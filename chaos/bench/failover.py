@@ -43,6 +43,7 @@ from chaos.bench.light_clients import (DEFAULT_PROCESSES, LightClientProcess, Li
 from chaos.drills.drill import DrillConfig, Target, parse_clients, run_drill
 from chaos.testbed.fleet import LocalFleet
 from chaos.testbed.hosts import LOOPBACK, NETNS
+from chaos.testbed.security import Protocol
 from chaos.measures import stats_ms
 
 DEFAULT_CLIENTS = ("aiokafka:producer,confluent:producer,kafka-python:producer,java:producer,"
@@ -65,15 +66,19 @@ def _fleet_stats(result: dict[str, Any]) -> dict[str, Any]:
 def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, rate: float = 50.0,
         state_dir: str | None = None, out_dir: str | None = None, seed: int | None = None,
         light_clients: int = 0, progress: Callable[[dict[str, Any]], None] | None = None,
-        hosts: str = LOOPBACK, fault: str = "kill") -> dict[str, Any]:
+        hosts: str = LOOPBACK, fault: str = "kill", security: Protocol = Protocol.PLAINTEXT) -> dict[str, Any]:
     """``light_clients``: that many light clients (chaos.bench.light_clients) beside the
     real ones during the SIGKILL drills; reported as ``light_recovered_s``.
     ``hosts``: the fleet brought up here, on loopback or on emulated hosts (``netns``).
-    ``fault``: the fault of the main drills (``BENCH_FAULTS``; default SIGKILL)."""
+    ``fault``: the fault of the main drills (``BENCH_FAULTS``; default SIGKILL).
+    ``security``: its Kafka's listener; not plaintext: the fleet and every client are secured
+    as ``LocalFleet.up`` does (TLS toward the clients, TLS/SASL upstream)."""
     if fault not in BENCH_FAULTS:
         raise ValueError(f"fault {fault!r} is not one of {', '.join(BENCH_FAULTS)}")
     if light_clients and hosts != LOOPBACK:
         raise ValueError("light clients run on loopback only (the load generator is not placed on an emulated host)")
+    if light_clients and security is not Protocol.PLAINTEXT:
+        raise ValueError("light clients speak plaintext only")
     light_events: list[LightEvent] = []
     unsettled: list[int] = []  # faults injected before every light client was back
     with tempfile.TemporaryDirectory(prefix="kproxy-bench-failover-") as tmp:
@@ -81,7 +86,8 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         # loopback addresses in the same second (proxy.admission would refuse most).
         extra = {"limits": {"accepts_per_source_per_s": 0}} if light_clients else None
         fleet = LocalFleet.load(state_dir) if state_dir else LocalFleet.up(Path(tmp) / "fleet", first_ip=51,
-                                                                            extra_config=extra, hosts=hosts)
+                                                                            extra_config=extra, hosts=hosts,
+                                                                            security=security)
         out = Path(out_dir) if out_dir else Path(tmp) / "traces"
         light = None
         try:
@@ -119,6 +125,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         "clients": clients,
         "rate_per_producer": rate,
         "hosts": LOOPBACK if fleet.hosts is None else NETNS,
+        "security": fleet.security.value,
         "rto_ms": {f: {k: v[k] for k in ("p50", "p99", "max")} for f, v in kill["rto_ms"].items()},
         "max_gap_ms": kill.get("max_gap_ms"),
         "detect_ms": fleet_kill["detect_ms"],

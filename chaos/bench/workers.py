@@ -128,7 +128,7 @@ async def request_load(targets: list[tuple[str, int, bytes]], connections: int, 
     return sum(p.answered for p in protocols), loop.time() - start
 
 
-def _tree_cpu_s(pid: int) -> float:
+def tree_cpu_s(pid: int) -> float:
     """CPU seconds of a node: its process and every descendant (the workers)."""
     total = 0.0
     try:
@@ -203,9 +203,9 @@ def run(workers: tuple[int, ...] = (1, 2), *, rounds: int = 3, duration_s: float
             for r in range(rounds):
                 for arm, targets in arm_targets.items():
                     node = bench.nodes.get(int(arm[1:])) if arm != "direct" else None
-                    cpu0 = _tree_cpu_s(node.pid) if node and node.pid else 0.0
+                    cpu0 = tree_cpu_s(node.pid) if node and node.pid else 0.0
                     answers, wall = uvloop.run(request_load(targets, connections, depth, duration_s))
-                    cpu = (_tree_cpu_s(node.pid) - cpu0) if node and node.pid else 0.0
+                    cpu = (tree_cpu_s(node.pid) - cpu0) if node and node.pid else 0.0
                     arms[arm].append((answers, wall, cpu))
                     progress(f"round {r + 1} {arm}: {answers / wall:.0f} requests/s")
         finally:

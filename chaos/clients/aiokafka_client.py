@@ -90,7 +90,7 @@ def produce_paced(a: argparse.Namespace, t: ProducerTrace, stop: Stop) -> None:
 
     async def run() -> None:
         producer = AIOKafkaProducer(bootstrap_servers=a.bootstrap, client_id=a.client_id,
-                                    **SETTINGS["aiokafka"]["producer"])
+                                    **SETTINGS["aiokafka"]["producer"], **client_settings(a.security, "aiokafka"))
         await producer.start()
         pacer = Pacer(a.rate)
         pending: set[asyncio.Future[Any]] = set()
@@ -139,7 +139,7 @@ def consume_paced(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> None:
 
     async def run() -> None:
         consumer = AIOKafkaConsumer(a.topic, bootstrap_servers=a.bootstrap, group_id=a.group, client_id=a.client_id,
-                                    **SETTINGS["aiokafka"]["consumer"])
+                                    **SETTINGS["aiokafka"]["consumer"], **client_settings(a.security, "aiokafka"))
         await consumer.start()
         try:
             while not stop.requested():

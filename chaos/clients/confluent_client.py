@@ -90,7 +90,8 @@ def produce_paced(a: argparse.Namespace, t: ProducerTrace, stop: Stop) -> None:
         t.error(f"client: {err}")
 
     producer = Producer({"bootstrap.servers": a.bootstrap, "client.id": a.client_id, "error_cb": on_error,
-                         **SETTINGS["confluent"]["producer"], **rdkafka_debug()})
+                         **SETTINGS["confluent"]["producer"], **client_settings(a.security, "confluent"),
+                         **rdkafka_debug()})
     pacer = Pacer(a.rate)
 
     def on_delivery(seq: int, err: Any, msg: Any) -> None:
@@ -141,7 +142,8 @@ def consume_paced(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> None:
         t.error(f"client: {err}")
 
     consumer = Consumer({"bootstrap.servers": a.bootstrap, "group.id": a.group, "client.id": a.client_id,
-                         "error_cb": on_error, **SETTINGS["confluent"]["consumer"], **rdkafka_debug()})
+                         "error_cb": on_error, **SETTINGS["confluent"]["consumer"],
+                         **client_settings(a.security, "confluent"), **rdkafka_debug()})
     consumer.subscribe([a.topic])
     try:
         while not stop.requested():

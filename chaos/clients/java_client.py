@@ -1,5 +1,6 @@
 """The Java family: Kafka's own VerifiableProducer / VerifiableConsumer /
-TransactionalMessageCopier run with ``java -cp`` (a batch produce/consume, a transaction),
+TransactionalMessageCopier / ProducerPerformance run with ``java -cp`` (a batch produce/consume,
+a transaction),
 and the paced workload that runs a verifiable tool as a child JVM and translates its JSON
 lines into trace events (see ``chaos.clients.workload``).
 """
@@ -17,7 +18,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from chaos.clients.batch import Ack, ClientError, Consumed, run_json_tool
+from chaos.clients.batch import Ack, ClientError, Consumed, kafka_tool, run_json_tool
 from chaos.clients.paced import ConsumerTrace, ProducerTrace, Stop, parse_value
 from chaos.testbed.security import ClientSecurity, client_settings
 from chaos.clients.settings import JVM_EXIT_TIMEOUT_S, KEY_SPREAD, SESSION_TIMEOUT_MS, SETTINGS
@@ -79,6 +80,23 @@ def transactional_produce(bs: str, topic: str, tid: str, n: int, prefix: int, co
         raise ClientError(f"java: copier did not finish: {events[-3:]}")
 
 
+def perf_transactions(bs: str, topic: str, tid: str, n: int, *, transaction_ms: int, timeout: float,
+                      security: ClientSecurity | None = None) -> str:
+    """Produce ``n`` records (values ``"0"`` … ``str(n - 1)``) with Kafka's own ProducerPerformance
+    as transactional producer ``tid``, committing a transaction every ``transaction_ms``; with
+    ``security`` through ``--command-config`` (the TransactionalMessageCopier takes no config
+    file, so it cannot reach a secured listener). Returns the tool's report."""
+    props = _java_props({"acks": "all", **client_settings(security, "java")})
+    try:
+        proc = kafka_tool("org.apache.kafka.tools.ProducerPerformance", "--topic", topic, "--num-records", str(n),
+                          "--throughput", "-1", "--payload-monotonic", "--transactional-id", tid,
+                          "--transaction-duration-ms", str(transaction_ms), "--bootstrap-server", bs,
+                          "--command-config", str(props), timeout=timeout)
+    finally:
+        props.unlink(missing_ok=True)
+    return proc.stdout
+
+
 def _config_args(option: str, security: ClientSecurity | None) -> list[str]:
     """``[option, file]`` with the client properties of ``security``; nothing for plaintext."""
     settings = client_settings(security, "java")
@@ -137,7 +155,7 @@ def _java_detail(event: dict[str, Any]) -> str | None:
 
 
 def produce_paced(a: argparse.Namespace, t: ProducerTrace, stop: Stop) -> int:
-    props = _java_props(SETTINGS["java"]["producer"])
+    props = _java_props({**SETTINGS["java"]["producer"], **client_settings(a.security, "java")})
     cmd = java_tool_cmd("org.apache.kafka.tools.VerifiableProducer", "--bootstrap-server", a.bootstrap,
                         "--topic", a.topic, "--max-messages", "-1", "--throughput", str(int(round(a.rate))),
                         "--acks", "-1", "--value-prefix", str(a.prefix), "--repeating-keys", str(KEY_SPREAD),
@@ -158,7 +176,7 @@ def produce_paced(a: argparse.Namespace, t: ProducerTrace, stop: Stop) -> int:
 
 
 def consume_paced(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> int:
-    props = _java_props(SETTINGS["java"]["consumer"])
+    props = _java_props({**SETTINGS["java"]["consumer"], **client_settings(a.security, "java")})
     cmd = java_tool_cmd("org.apache.kafka.tools.VerifiableConsumer", "--bootstrap-server", a.bootstrap,
                         "--topic", a.topic, "--group-id", a.group, "--max-messages", "-1", "--verbose",
                         "--reset-policy", "earliest", "--session-timeout", str(SESSION_TIMEOUT_MS),

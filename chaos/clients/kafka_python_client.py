@@ -77,7 +77,7 @@ def produce_paced(a: argparse.Namespace, t: ProducerTrace, stop: Stop) -> None:
     from kafka import KafkaProducer
 
     producer = KafkaProducer(bootstrap_servers=a.bootstrap.split(","), client_id=a.client_id,
-                             **SETTINGS["kafka-python"]["producer"])
+                             **SETTINGS["kafka-python"]["producer"], **client_settings(a.security, "kafka-python"))
     pacer = Pacer(a.rate)
     try:
         seq = 0
@@ -111,7 +111,8 @@ def consume_paced(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> None:
                                errors.IllegalGenerationError, errors.UnknownMemberIdError)
 
     consumer = KafkaConsumer(bootstrap_servers=a.bootstrap.split(","), group_id=a.group,
-                             client_id=a.client_id, **SETTINGS["kafka-python"]["consumer"])
+                             client_id=a.client_id, **SETTINGS["kafka-python"]["consumer"],
+                             **client_settings(a.security, "kafka-python"))
     try:
         # Subscribe once the topic's partitions are known. kafka-python (3.0) that joins
         # its group while its metadata lacks a just-created topic gets no partitions

@@ -39,7 +39,8 @@ trace's one clock); the tool's own ``timestamp`` (ms, wall clock) is kept in
 shutdown hook flushes (producer) or commits (consumer) and prints the last
 events; the JVM is SIGKILLed if it has not exited ``JVM_EXIT_TIMEOUT_S`` later.
 
-Client settings: ``chaos.clients.settings``.
+Client settings: ``chaos.clients.settings``; with ``--security-file`` each family adds its
+TLS/SASL settings (``chaos.testbed.security.client_settings``) to them.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ import sys
 
 from chaos.clients import FAMILIES, ROLES, adapter
 from chaos.clients.paced import ConsumerTrace, ProducerTrace, Stop, watch_parent
+from chaos.testbed.security import ClientSecurity
 from chaos.trace import TraceWriter
 
 log = logging.getLogger("kproxy.workloads")
@@ -59,7 +61,8 @@ log = logging.getLogger("kproxy.workloads")
 
 def command(role: str, family: str, *, bootstrap: str, topic: str, trace_dir: str | os.PathLike[str],
             client_id: str, run_id: str, rate: float | None = None, prefix: int | None = None,
-            group: str | None = None, duration_s: float | None = None, python: str | None = None) -> list[str]:
+            group: str | None = None, duration_s: float | None = None, python: str | None = None,
+            security_file: str | os.PathLike[str] | None = None) -> list[str]:
     """The command line that starts one workload process (what the drill runs)."""
     cmd = [python or sys.executable, "-m", "chaos.clients.workload", role, "--family", family, "--bootstrap", bootstrap,
            "--topic", topic, "--trace-dir", str(trace_dir), "--client-id", client_id, "--run-id", run_id]
@@ -75,6 +78,8 @@ def command(role: str, family: str, *, bootstrap: str, topic: str, trace_dir: st
         raise ValueError(f"unknown role {role!r}")
     if duration_s is not None:
         cmd += ["--duration-s", str(duration_s)]
+    if security_file is not None:
+        cmd += ["--security-file", str(security_file)]
     return cmd
 
 
@@ -90,6 +95,8 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--client-id", required=True)
         s.add_argument("--run-id", required=True)
         s.add_argument("--duration-s", type=float, default=None, help="stop after this long (default: SIGTERM)")
+        s.add_argument("--security-file", default=None,
+                       help="TLS/SASL settings (chaos.testbed.security.ClientSecurity.save); default: plaintext")
         if role == "producer":
             s.add_argument("--rate", type=float, default=100.0, help="records per second")
             s.add_argument("--prefix", type=int, required=True, help="integer producer number, unique in the run")
@@ -106,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.role == "producer" and a.rate <= 0:
         print("--rate must be positive", file=sys.stderr)
         return 2
+    a.security = ClientSecurity.load(a.security_file) if a.security_file else None
     stop = Stop(a.duration_s)
     stop.install()
     watch_parent(stop)

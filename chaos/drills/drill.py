@@ -63,6 +63,7 @@ from chaos.drills import summary as drill_summary
 from chaos.drills import verify
 from chaos.drills.load import ClientSpec, DrillError, TraceTail, WorkloadGroup, client_specs, workload_commands
 from chaos.drills.watcher import POLL_PERIOD_S, ReactionWatcher, in_thread
+from chaos.testbed.security import ClientSecurity, client_settings
 from chaos.trace import TraceWriter, validate_trace
 
 DEFAULT_CLIENTS = tuple((f, r) for f in FAMILIES for r in ("consumer", "producer"))
@@ -124,29 +125,37 @@ class DrillConfig:
 # ------------------------------------------------------------------ target
 @attrs.define
 class Target:
-    """Where the clients connect: a proxy fleet (``fleet``), or Kafka itself (``kafka`` only)."""
+    """Where the clients connect: a proxy fleet (``fleet``), or Kafka itself (``kafka`` only).
+    ``security``: what a client of ``bootstrap`` needs (TLS, SASL), ``broker_security`` what one
+    of the brokers needs (the final read's fallback); None for plaintext."""
 
     bootstrap: list[str]
     fleet: Any | None = None
     kafka: Any | None = None
     client_exec: tuple[str, ...] = ()  # runs a workload on the clients' host (emulated hosts)
+    security: ClientSecurity | None = None
+    broker_security: ClientSecurity | None = None
 
     @classmethod
     def of_fleet(cls, fleet: Any) -> "Target":
         return cls(list(fleet.bootstrap), fleet, getattr(fleet, "kafka", None),
-                   tuple(getattr(fleet, "client_exec", ())))
+                   tuple(getattr(fleet, "client_exec", ())), getattr(fleet, "client_security", None),
+                   getattr(fleet, "broker_security", None))
 
     @classmethod
     def of_kafka(cls, kafka: Any) -> "Target":
-        return cls(list(kafka.bootstrap), None, kafka)
+        return cls(list(kafka.bootstrap), None, kafka, security=_broker_security(kafka),
+                   broker_security=_broker_security(kafka))
 
     def create_topic(self, name: str, partitions: int, replication: int) -> None:
-        if self.kafka is not None:
-            self.kafka.create_topic(name, partitions, replication)
+        if self.kafka is not None:  # as many replicas as there are brokers, at most (a one-broker test bed)
+            self.kafka.create_topic(name, partitions, max(1, min(replication, len(self.kafka.specs))))
             return
         from confluent_kafka.admin import AdminClient, NewTopic
 
-        admin = AdminClient({"bootstrap.servers": ",".join(self.bootstrap), "log_level": 3})
+        admin = AdminClient({"bootstrap.servers": ",".join(self.bootstrap), "log_level": 3,
+                             **client_settings(self.security, "confluent")})
+        replication = max(1, min(replication, len(admin.list_topics(timeout=30).brokers)))
         fut = admin.create_topics([NewTopic(name, partitions, replication,
                                             config={"min.insync.replicas": str(min(2, replication))})],
                                   operation_timeout=30)[name]
@@ -159,6 +168,11 @@ class Target:
                 return
             time.sleep(0.2)
         raise DrillError(f"topic {name} has no leader for every partition after 30 s")
+
+
+def _broker_security(kafka: Any | None) -> ClientSecurity | None:
+    security = getattr(kafka, "security", None)
+    return None if security is None else security.client
 
 
 # --------------------------------------------------------------------- drill
@@ -355,9 +369,12 @@ class DrillRun:
         config = self.config
         self.report("creating topic")
         await in_thread(self.target.create_topic, self.topic, config.partitions, config.replication, timeout_s=120)
+        security_file = None
+        if self.target.security is not None:  # the password stays off the command lines (0600 file)
+            security_file = self.target.security.save(self.run_dir / "client-security.json")
         cmds = workload_commands(self.specs, bootstrap=self.target.bootstrap, topic=self.topic,
                                  trace_dir=self.trace_dir, run_id=self.run_id, rate=config.rate, python=config.python,
-                                 prefix=self.target.client_exec)
+                                 prefix=self.target.client_exec, security_file=security_file)
         for role in ("consumer", "producer"):
             if cmds[role]:
                 self.groups[role] = WorkloadGroup(role, cmds[role], self.log_dir, config.stop_timeout_s)
@@ -463,8 +480,9 @@ class DrillRun:
             broker_bootstrap = None if target.fleet is not None else list(target.bootstrap)
         timeout_s = self.config.verify_timeout_s
         try:
-            final = await in_thread(verify.read_final, self.topic, fleet_bootstrap, broker_bootstrap, timeout_s,
-                                    timeout_s=2 * timeout_s + 30)
+            final = await in_thread(lambda: verify.read_final(
+                self.topic, fleet_bootstrap, broker_bootstrap, timeout_s,
+                fleet_security=target.security, broker_security=target.broker_security), timeout_s=2 * timeout_s + 30)
         except Exception as exc:  # noqa: BLE001 - the run fails with the reason; lost falls back to the groups
             self.errors.append(describe_error(exc))
             return

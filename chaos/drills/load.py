@@ -53,14 +53,17 @@ def client_specs(clients: tuple[tuple[str, str], ...], run_id: str) -> list[Clie
 
 
 def workload_commands(specs: list[ClientSpec], *, bootstrap: list[str], topic: str, trace_dir: Path, run_id: str,
-                      rate: float, python: str, prefix: tuple[str, ...] = ()) -> dict[str, dict[str, list[str]]]:
+                      rate: float, python: str, prefix: tuple[str, ...] = (),
+                      security_file: Path | None = None) -> dict[str, dict[str, list[str]]]:
     """{role: {client_id: the command line of its workload process}}, each after ``prefix``
-    (``ip netns exec NS`` on emulated hosts)."""
+    (``ip netns exec NS`` on emulated hosts); ``security_file``: the clients' TLS/SASL settings
+    (``ClientSecurity.save``), none for plaintext."""
     return {
         role: {
             s.client_id: [*prefix, *command(s.role, s.family, bootstrap=",".join(bootstrap), topic=topic,
                                             trace_dir=trace_dir, client_id=s.client_id, run_id=run_id, rate=rate,
-                                            prefix=s.prefix, group=s.group, python=python)]
+                                            prefix=s.prefix, group=s.group, python=python,
+                                            security_file=security_file)]
             for s in specs if s.role == role
         }
         for role in ROLES

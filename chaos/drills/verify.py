@@ -26,6 +26,7 @@ from typing import Any
 import attrs
 
 from chaos.clients.paced import parse_value
+from chaos.testbed.security import ClientSecurity, client_settings
 from chaos.trace import TraceWriter
 
 VIA_FLEET = "fleet"
@@ -88,15 +89,16 @@ class ReadProgress:
 
 
 def read_topic(bootstrap: list[str], topic: str, timeout_s: float, *, via: str = VIA_FLEET,
-               clock: Callable[[], float] = time.monotonic) -> FinalRead:
+               security: ClientSecurity | None = None, clock: Callable[[], float] = time.monotonic) -> FinalRead:
     """Read every partition of ``topic`` from its start to its end (raise ``VerifyError`` if the
-    end is not reached within ``timeout_s``)."""
+    end is not reached within ``timeout_s``); ``security``: TLS/SASL settings, none for plaintext."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
     deadline = clock() + timeout_s
     consumer = Consumer({"bootstrap.servers": ",".join(bootstrap), "group.id": f"kproxy-final-read-{uuid.uuid4()}",
                          "enable.auto.commit": False, "enable.partition.eof": True, "log_level": 2,
-                         "isolation.level": "read_uncommitted", "auto.offset.reset": "earliest"})
+                         "isolation.level": "read_uncommitted", "auto.offset.reset": "earliest",
+                         **client_settings(security, "confluent")})
     try:
         try:
             metadata = consumer.list_topics(topic, timeout=min(METADATA_TIMEOUT_S, timeout_s))
@@ -138,16 +140,19 @@ def read_topic(bootstrap: list[str], topic: str, timeout_s: float, *, via: str =
 
 
 def read_final(topic: str, fleet_bootstrap: list[str] | None, broker_bootstrap: list[str] | None,
-               timeout_s: float, *, read: Callable[..., FinalRead] = read_topic) -> FinalRead:
-    """The final read through the fleet, else directly from the brokers; ``VerifyError`` naming
-    every path tried when none reads the topic to its end."""
-    paths = [(VIA_FLEET, fleet_bootstrap), (VIA_BROKERS, broker_bootstrap)]
+               timeout_s: float, *, fleet_security: ClientSecurity | None = None,
+               broker_security: ClientSecurity | None = None,
+               read: Callable[..., FinalRead] = read_topic) -> FinalRead:
+    """The final read through the fleet, else directly from the brokers (each path with its
+    own TLS/SASL settings); ``VerifyError`` naming every path tried when none reads the topic
+    to its end."""
+    paths = [(VIA_FLEET, fleet_bootstrap, fleet_security), (VIA_BROKERS, broker_bootstrap, broker_security)]
     failures = []
-    for via, bootstrap in paths:
+    for via, bootstrap, security in paths:
         if not bootstrap:
             continue
         try:
-            return read(bootstrap, topic, timeout_s, via=via)
+            return read(bootstrap, topic, timeout_s, via=via, security=security)
         except VerifyError as exc:
             failures.append(str(exc))
     raise VerifyError("final read failed: " + ("; ".join(failures) or "no bootstrap to read from"))

@@ -12,6 +12,14 @@ With ``hosts="netns"`` every node, the brokers and the drill clients run on emul
 their own (``chaos.testbed.hosts``: network namespaces on a bridge, addresses of 198.18.0.0/24);
 the plan is in ``fleet.json`` and ``down`` removes every namespace, link and address it made.
 
+With ``security`` other than PLAINTEXT the local Kafka's listener speaks that protocol
+(``chaos.testbed.security``: its own CA, SCRAM users), and the fleet is configured for it
+(``TestbedSecurity.proxy_config``): TLS toward clients with a certificate naming every node
+address, TLS and the nodes' own SASL login upstream as the brokers need (the password in
+``fleet.env``). In front of an existing secured Kafka, ``testbed`` is its ``TestbedSecurity``.
+``client_security`` is then what a client of the fleet needs, ``broker_security`` what a
+client of the brokers needs; ``fleet.json`` names the test bed's directory, so ``load`` finds both.
+
 Views and actions (status, health, drain, kill through the admin API) are
 ``proxy.admin_client.ClusterAdmin``'s: a ``LocalFleet`` is that plus the
 processes it started.
@@ -29,6 +37,7 @@ from chaos.testbed.hosts import (LOOPBACK, NETNS, HostNet, HostPlan, HostsError,
                                  unavailable_reason)
 from chaos.testbed.kafka_cluster import KafkaCluster, KafkaError
 from chaos.testbed.proxies import ADMIN_PORT, NodeProcess, ProxyProcessError, fleet_config, node_ip
+from chaos.testbed.security import ClientSecurity, Protocol, TestbedSecurity
 from proxy.admin_client import AdminError, ClusterAdmin
 
 
@@ -40,8 +49,10 @@ class LocalFleet(ClusterAdmin):
     nodes: dict[str, NodeProcess]  # type: ignore[assignment]
 
     def __init__(self, state_dir: str | os.PathLike[str], config_path: Path, nodes: list[NodeProcess],
-                 kafka: KafkaCluster | None, upstream: list[str], hosts: HostPlan | None = None) -> None:
+                 kafka: KafkaCluster | None, upstream: list[str], hosts: HostPlan | None = None,
+                 testbed: TestbedSecurity | None = None) -> None:
         super().__init__(list(nodes), upstream)
+        self.testbed = testbed
         self.state_dir = Path(state_dir).resolve()
         self.config_path = config_path
         self.kafka = kafka
@@ -52,17 +63,39 @@ class LocalFleet(ClusterAdmin):
         """The command prefix that runs a client on the clients' host (empty on loopback)."""
         return self.hosts.exec_prefix("clients") if self.hosts is not None else ()
 
+    @property
+    def security(self) -> Protocol:
+        """The brokers' protocol (PLAINTEXT: the fleet is not secured either)."""
+        return Protocol.PLAINTEXT if self.testbed is None else self.testbed.protocol
+
+    @property
+    def client_security(self) -> ClientSecurity | None:
+        """What a client of the fleet needs (TLS, SASL passed through); None for plaintext."""
+        return None if self.testbed is None else self.testbed.proxy_client()
+
+    @property
+    def broker_security(self) -> ClientSecurity | None:
+        """What a client of the brokers themselves needs; None for plaintext."""
+        return None if self.testbed is None else self.testbed.client
+
     # ------------------------------------------------------------- set-up
     @classmethod
     def up(cls, state_dir: str | os.PathLike[str], brokers: int = 3, proxies: int = 3,
            kafka_bootstrap: str | list[str] | None = None, *, racks: list[str] | None = None,
            timeout: float = 90.0, kafka_base_port: int | None = None, first_ip: int = 11,
-           extra_config: dict[str, Any] | None = None, hosts: str = LOOPBACK, workers: int = 1) -> "LocalFleet":
+           extra_config: dict[str, Any] | None = None, hosts: str = LOOPBACK, workers: int = 1,
+           security: Protocol = Protocol.PLAINTEXT, testbed: TestbedSecurity | None = None) -> "LocalFleet":
         """Proxies get 127.0.0.<first_ip>, <first_ip+1>, … (default .11, .12, …); with
         ``hosts="netns"`` each its own emulated host (``chaos.testbed.hosts``), each with ``workers``
-        data-path processes."""
+        data-path processes. ``security``: the local Kafka's protocol; ``testbed``: that of an
+        existing Kafka (``kafka_bootstrap``) (see the module doc)."""
         if hosts not in (LOOPBACK, NETNS):
             raise LocalFleetError(f"unknown hosts mode {hosts!r} (one of {LOOPBACK}, {NETNS})")
+        if kafka_bootstrap is None and testbed is not None:
+            raise LocalFleetError("testbed is the security of an existing Kafka: give its kafka_bootstrap")
+        if kafka_bootstrap is not None and security is not Protocol.PLAINTEXT and testbed is None:
+            raise LocalFleetError("in front of an existing secured Kafka the fleet needs its test bed "
+                                  "(CA, users): give testbed")
         state = Path(state_dir).resolve()
         state.mkdir(parents=True, exist_ok=True)
         if (state / "fleet.json").exists():
@@ -77,33 +110,42 @@ class LocalFleet(ClusterAdmin):
                 plan.require_owned(address)  # an outside Kafka is not on a link the launcher made: refused
         if plan is not None and (reason := unavailable_reason()) is not None:
             raise HostsError(f"emulated hosts (--hosts netns) cannot be made here: {reason}")
-        fleet = cls(state, state / "fleet.toml", [], None, [], plan)
+        fleet = cls(state, state / "fleet.toml", [], None, [], plan, testbed)
         fleet._save()  # the plan is on disk before anything exists: `fleet down` can always undo it
         try:
             if plan is not None:
                 HostNet(plan).create()
             kafka = None
+            addresses = [plan.host(n).address for n in node_ids] if plan is not None else None
+            extra = dict(extra_config or {})
+            secrets_env: dict[str, str] = {}
             if kafka_bootstrap is None:
                 kwargs: dict[str, Any] = {"base_port": kafka_base_port} if kafka_base_port else {}
                 if plan is not None:
                     kwargs.update(host=plan.host("kafka").address, exec_prefix=plan.exec_prefix("kafka"))
-                kafka = fleet.kafka = KafkaCluster(state / "kafka", brokers, **kwargs)
+                node_hosts = tuple(addresses or (node_ip(i, first_ip) for i in range(proxies)))
+                kafka = fleet.kafka = KafkaCluster(state / "kafka", brokers, security=security,
+                                                   proxy_hosts=node_hosts, **kwargs)
+                testbed = fleet.testbed = kafka.security
                 fleet._save()
                 kafka.start(timeout=timeout)
                 upstream = kafka.bootstrap
             else:
                 upstream = _split(kafka_bootstrap)
-            addresses = [plan.host(n).address for n in node_ids] if plan is not None else None
             floating = [str(plan.host(n).floating) for n in node_ids] if plan is not None else None
+            if testbed is not None:
+                extra["security"] = {**testbed.proxy_config(), **extra.get("security", {})}
+                secrets_env = testbed.proxy_env()
             cfg = fleet_config(state / "fleet.toml", upstream, proxies,
                                racks=racks or [f"rack-{i}" for i in (1, 2, 3)], first_ip=first_ip,
-                               extra=extra_config, hosts=addresses, floating=floating, workers=workers)
+                               extra=extra, hosts=addresses, floating=floating, workers=workers,
+                               secrets_env=secrets_env)
             nodes = [NodeProcess(cfg, n, addresses[i] if addresses else node_ip(i, first_ip), ADMIN_PORT,
                                  state / "logs" / f"{n}.log",
                                  exec_prefix=plan.exec_prefix(n) if plan is not None else (),
                                  bootstrap_host=floating[i] if floating else None)
                      for i, n in enumerate(node_ids)]
-            fleet = cls(state, cfg, nodes, kafka, upstream, plan)
+            fleet = cls(state, cfg, nodes, kafka, upstream, plan, testbed)
             for n in nodes:
                 n.start()
             fleet._save()
@@ -144,7 +186,8 @@ class LocalFleet(ClusterAdmin):
         kafka_dir = data.get("kafka_state_dir")
         kafka = KafkaCluster.load(kafka_dir) if kafka_dir and (Path(kafka_dir) / "cluster.json").exists() else None
         hosts = HostPlan.from_json(data["hosts"]) if data.get("hosts") else None
-        return cls(state, cfg, nodes, kafka, data["upstream"], hosts)
+        testbed = TestbedSecurity.load(data["security_dir"]) if data.get("security_dir") else None
+        return cls(state, cfg, nodes, kafka, data["upstream"], hosts, testbed)
 
     def _save(self) -> None:
         data = {
@@ -155,6 +198,8 @@ class LocalFleet(ClusterAdmin):
                        "pid": n.pid, "exec_prefix": list(n.exec_prefix), "bootstrap_host": n.bootstrap_host}
                       for n in self.nodes.values()],
             "hosts": self.hosts.to_json() if self.hosts is not None else None,
+            "security": self.security.value,
+            "security_dir": str(self.testbed.dir) if self.testbed is not None else None,
         }
         tmp = self.state_dir / "fleet.json.tmp"
         tmp.write_text(json.dumps(data, indent=2))
@@ -162,12 +207,25 @@ class LocalFleet(ClusterAdmin):
 
     def down(self) -> None:
         """Stop the proxies and Kafka, then remove the emulated hosts (raises if any is left)."""
+        self.adopt_saved_pids()
         for n in self.nodes.values():
             n.stop()
         if self.kafka is not None:
             self.kafka.stop()
         self._save()
         self.remove_hosts()
+
+    def adopt_saved_pids(self) -> None:
+        """A node restarted through another handle on this fleet (``kproxy drill run --state-dir``,
+        ``cluster restart-node``) runs under the PID ``fleet.json`` names, not the one this object
+        started: stop that one too."""
+        path = self.state_dir / "fleet.json"
+        if not path.exists():
+            return
+        for saved in json.loads(path.read_text()).get("nodes", []):
+            node = self.nodes.get(saved["id"])
+            if node is not None and saved.get("pid") and saved["pid"] != node.pid and not node.alive():
+                node.adopt(saved["pid"])
 
     def remove_hosts(self) -> None:
         """Remove every namespace, link and address of the fleet's emulated hosts (none on loopback)."""
@@ -179,6 +237,7 @@ class LocalFleet(ClusterAdmin):
 
     # ------------------------------------------------------------- actions
     def signal_node(self, node_id: str, sig: str) -> None:
+        self.adopt_saved_pids()
         node = self._node(node_id)
         try:
             node.signal(sig.upper())
@@ -186,6 +245,7 @@ class LocalFleet(ClusterAdmin):
             raise LocalFleetError(str(exc)) from None
 
     def restart_node(self, node_id: str, timeout: float = 60.0) -> None:
+        self.adopt_saved_pids()
         node = self._node(node_id)
         if node.alive():
             node.stop()

@@ -222,10 +222,13 @@ class KafkaCluster:
         exec_prefix: tuple[str, ...] = (),
         security: Protocol = Protocol.PLAINTEXT,
         reauth_ms: int = 0,
+        proxy_hosts: tuple[str, ...] = (),
     ) -> None:
         """``security``: the protocol of the brokers' client (and inter-broker) listener; its CA,
         certificates and SASL users are made under ``state_dir/security`` (chaos.testbed.security).
         ``reauth_ms``: the brokers' ``connections.max.reauth.ms`` (KIP-368) with SASL.
+        ``proxy_hosts``: the addresses the proxy certificate names (default: every test fleet's
+        loopback address, ``TestbedSecurity.create``).
         ``relay_host``: also give each broker a second listener, RELAY, on ``host:port+200``
         advertised at ``relay_host:port+200``, for a relay in front of it (chaos.bench.relay: the
         bench's baseline hop). A client that bootstraps through the relay is then told the
@@ -243,7 +246,7 @@ class KafkaCluster:
         self.security: TestbedSecurity | None = None
         if security is not Protocol.PLAINTEXT:
             self.security = TestbedSecurity.create(self.state_dir / "security", security,
-                                                   broker_hosts=(host, "localhost"))
+                                                   broker_hosts=(host, "localhost"), proxy_hosts=proxy_hosts)
         self.relay_host = relay_host
         self.exec_prefix = tuple(exec_prefix)
         self.specs = [

@@ -48,8 +48,10 @@ def fleet_config(path: str | os.PathLike[str], upstream: list[str], proxies: int
                  fleet: bool = True, racks: list[str] | None = None, tap_dir: str | None = None,
                  bootstrap_port: int = BOOTSTRAP_PORT, port_base: int = PORT_BASE, admin_port: int = ADMIN_PORT,
                  raft_port: int = RAFT_PORT, log_format: str = "json", extra: dict[str, Any] | None = None,
-                 hosts: list[str] | None = None, floating: list[str] | None = None, workers: int = 1) -> Path:
-    """Write the fleet's TOML. Secrets go to ``<path>.env`` (0600), never into the TOML.
+                 hosts: list[str] | None = None, floating: list[str] | None = None, workers: int = 1,
+                 secrets_env: dict[str, str] | None = None) -> Path:
+    """Write the fleet's TOML. Secrets go to ``<path>.env`` (0600), never into the TOML
+    (``secrets_env``: more of them, e.g. the upstream SASL password the ``[security]`` section names).
     ``hosts``: node i's address (emulated hosts); default 127.0.0.<first_ip + i>. ``floating``:
     node i's floating address (its advertised one; the netns address mover moves it).
     ``workers``: data-path processes per node. One unless asked: several nodes
@@ -89,6 +91,9 @@ def fleet_config(path: str | os.PathLike[str], upstream: list[str], proxies: int
         env_path.write_text(f"KPROXY_ADMIN_TOKEN={secrets.token_urlsafe(24)}\n"
                             f"KPROXY_RAFT_PASSWORD={secrets.token_urlsafe(24)}\n")
         env_path.chmod(0o600)
+    if secrets_env:
+        merged = {**read_env(path), **secrets_env}
+        env_path.write_text("".join(f"{k}={v}\n" for k, v in merged.items()))
     return path
 
 
@@ -122,6 +127,11 @@ class NodeProcess(NodeAdmin):
 
     def token(self) -> str:
         return read_env(self.config_path)["KPROXY_ADMIN_TOKEN"]
+
+    def adopt(self, pid: int) -> None:
+        """The node now runs as ``pid``, started by another handle on the fleet (a restart
+        through ``fleet.json``): signal that process from now on."""
+        self.pid, self._proc = pid, None
 
     def start(self) -> "NodeProcess":
         if self.alive():

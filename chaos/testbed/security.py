@@ -58,6 +58,9 @@ class Protocol(enum.Enum):
         return self in (Protocol.SASL_PLAINTEXT, Protocol.SASL_SSL)
 
 
+SECURITY_CHOICES = tuple(p.value.lower() for p in Protocol)  # the CLI's --security values
+
+
 @attrs.frozen
 class CertFiles:
     """A PEM certificate chain and its key (``bundle``: both in one file, as Java's PEM keystore wants)."""
@@ -154,6 +157,31 @@ class ClientSecurity:
     def java_properties(self, path: Path) -> Path:
         _write_private(path, "".join(f"{k}={v}\n" for k, v in self.java().items()))
         return path
+
+    def to_json(self) -> dict[str, Any]:
+        """Everything, the password included: for a 0600 file (``save``), never for a log."""
+        cert = self.client_cert
+        return {"protocol": self.protocol.value, "ca": str(self.ca) if self.ca else None,
+                "mechanism": self.mechanism, "username": self.username, "password": self.password,
+                "client_cert": None if cert is None else [str(cert.cert), str(cert.key), str(cert.bundle)],
+                "check_hostname": self.check_hostname}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "ClientSecurity":
+        cert = data.get("client_cert")
+        return cls(Protocol(data["protocol"]), ca=Path(data["ca"]) if data.get("ca") else None,
+                   mechanism=data.get("mechanism", DEFAULT_MECHANISM), username=data.get("username", USER),
+                   password=data.get("password", ""), check_hostname=data.get("check_hostname", True),
+                   client_cert=None if not cert else CertFiles(*(Path(c) for c in cert)))
+
+    def save(self, path: Path) -> Path:
+        """A file (0600) a client process started elsewhere reads with ``load`` (the drills' workloads)."""
+        _write_private(path, json.dumps(self.to_json()))
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "ClientSecurity":
+        return cls.from_json(json.loads(Path(path).read_text()))
 
     def describe(self) -> dict[str, Any]:
         """For ``kproxy kafka up``: what to give a client (the password is in the 0600 file, not here)."""

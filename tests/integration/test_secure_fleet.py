@@ -8,6 +8,7 @@ import struct
 import pytest
 
 from chaos.clients import batch as clients
+from chaos.clients import java_client
 
 pytestmark = [pytest.mark.integration]
 
@@ -31,6 +32,19 @@ def test_a_transaction_through_the_fleet(secure_fleet, secure_kafka, topic_name)
                                       security=secure_fleet.client)
     got = clients.consume_committed(BOOTSTRAP, topic_name, f"g-{topic_name}", 20, security=secure_fleet.client)
     assert sorted(c.value for c in got) == sorted(clients.values(9, 10) + clients.values(12, 10))
+
+
+def test_a_java_transaction_through_the_fleet(secure_fleet, secure_kafka, topic_name):
+    """Kafka's own ProducerPerformance as a transactional producer (SASL_SSL through the fleet),
+    several transactions committed; a read_committed consumer reads every record once."""
+    secure_kafka.create_topic(topic_name, partitions=2, replication=1)
+    n = 3000
+    report = java_client.perf_transactions(BOOTSTRAP, topic_name, f"tx-java-{topic_name}", n, transaction_ms=100,
+                                           timeout=90, security=secure_fleet.client)
+    assert f"{n} records sent" in report, report[-500:]
+    got = clients.consume_committed(BOOTSTRAP, topic_name, f"g-{topic_name}", n, timeout=60,
+                                    security=secure_fleet.client)
+    assert sorted(int(c.value) for c in got) == list(range(n))
 
 
 def test_java_tools_create_and_describe_a_topic_through_the_fleet(secure_fleet, topic_name, tmp_path):

@@ -11,6 +11,7 @@ from chaos import measures
 from chaos.drills import summary
 from chaos.drills.verify import (VIA_BROKERS, VIA_FLEET, FinalRead, LogRecord, ReadProgress, VerifyError, read_final,
                                  write_final_read)
+from chaos.testbed.security import ClientSecurity, Protocol
 from chaos.trace import TraceWriter, load_events, make_event, validate_trace
 
 pytestmark = pytest.mark.unit
@@ -99,19 +100,21 @@ def _final(via: str) -> FinalRead:
 def test_read_final_falls_back_to_the_brokers_when_the_fleet_fails():
     tried = []
 
-    def fake_read(bootstrap, topic, timeout_s, *, via):
-        tried.append((via, bootstrap))
+    def fake_read(bootstrap, topic, timeout_s, *, via, security):
+        tried.append((via, bootstrap, security))
         if via == VIA_FLEET:
             raise VerifyError("fleet: timed out")
         return _final(via)
 
-    final = read_final("t", ["127.0.0.11:9092"], ["127.0.0.1:19092"], 5.0, read=fake_read)
+    to_fleet, to_brokers = ClientSecurity(Protocol.SASL_SSL), ClientSecurity(Protocol.SSL)
+    final = read_final("t", ["127.0.0.11:9092"], ["127.0.0.1:19092"], 5.0, read=fake_read,
+                       fleet_security=to_fleet, broker_security=to_brokers)
     assert final.via == VIA_BROKERS
-    assert tried == [(VIA_FLEET, ["127.0.0.11:9092"]), (VIA_BROKERS, ["127.0.0.1:19092"])]
+    assert tried == [(VIA_FLEET, ["127.0.0.11:9092"], to_fleet), (VIA_BROKERS, ["127.0.0.1:19092"], to_brokers)]
 
 
 def test_read_final_names_every_path_that_failed():
-    def failing(bootstrap, topic, timeout_s, *, via):
+    def failing(bootstrap, topic, timeout_s, *, via, security):
         raise VerifyError(f"{via}: down")
 
     with pytest.raises(VerifyError, match="fleet: down; brokers: down"):

@@ -88,3 +88,26 @@ def test_broker_props_and_client_settings(tmp_path):
     assert java["ssl.keystore.location"] == str(sec.client_cert.bundle)
     assert client_settings(None, "java") == {}
     assert sec.client.describe().get("password") is None  # printed settings never carry the password
+
+
+def test_client_security_file_round_trips_and_is_private(tmp_path):
+    """A drill's workload process reads its TLS/SASL settings from this file (0600, password inside)."""
+    import stat
+
+    from chaos.clients.workload import command, parser
+    from chaos.testbed.security import CertFiles, ClientSecurity
+
+    cert = CertFiles(tmp_path / "c.crt", tmp_path / "c.key", tmp_path / "c.pem")
+    sent = ClientSecurity(Protocol.SASL_SSL, ca=tmp_path / "ca.pem", mechanism="SCRAM-SHA-256", password="s3cret",
+                          client_cert=cert, check_hostname=False)
+    path = sent.save(tmp_path / "client-security.json")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert ClientSecurity.load(path) == sent
+    assert ClientSecurity.load(path).password == "s3cret"
+    cmd = command("producer", "java", bootstrap="h:1", topic="t", trace_dir=tmp_path, client_id="c", run_id="r",
+                  rate=5, prefix=1, security_file=path)
+    assert "s3cret" not in " ".join(cmd)
+    assert parser().parse_args(cmd[3:]).security_file == str(path)
+    plain = command("producer", "java", bootstrap="h:1", topic="t", trace_dir=tmp_path, client_id="c", run_id="r",
+                    rate=5, prefix=1)
+    assert parser().parse_args(plain[3:]).security_file is None

@@ -259,7 +259,7 @@ class Member:
         beats = self._hb.peer_status(now) if self._hb is not None else {}
         peers = tuple((p, PeerStatus.from_heartbeat(info, core.peer_changed_at.get(p))) for p, info in beats.items())
         return MemberStatus(node=self.node_id, view=core.view, state=core.state, serving=core.serving,
-                            peers=peers, events=tuple(self._events), now=now)
+                            peers=peers, events=tuple(self._events), now=now, supported=core.formats)
 
     # ---- helpers for callers on other threads ------------------------------------------------
 

@@ -13,12 +13,14 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import uvloop
 
+from membership.formats import FORMATS_ENV, SUPPORTED, FormatRange, parse_range
 from proxy.admin import AdminServer
-from proxy.config import Config, http_url
+from proxy.config import Config, ConfigError, http_url
 from proxy.datapath import DataPath
 from proxy.status import NodeStatus, node_status
 from proxy.tls import admin_context
@@ -28,6 +30,35 @@ GRACEFUL_DRAIN_S = 5.0
 log = logging.getLogger("kproxy.runtime")
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP, "TERM": signal.SIGTERM}
 KILL_DELAY_S = 0.1  # POST /kill: the answer goes out first
+# A starting node waits this long for the fleet to take its Join (a running fleet does in well
+# under a second) before serving; a refusal (a state format it cannot read) ends it at once.
+JOIN_WAIT_S = 2.0
+
+
+def node_formats(env: Mapping[str, str] = os.environ) -> FormatRange:
+    """The state formats this node reads and writes: this release's, or ``KPROXY_FORMATS``
+    (a test hook: one commit plays two releases, membership.formats)."""
+    text = env.get(FORMATS_ENV)
+    if not text:
+        return SUPPORTED
+    try:
+        return parse_range(text)
+    except ValueError as exc:
+        raise ConfigError(FORMATS_ENV, str(exc)) from None
+
+
+def await_admission(member: Any, stopped: Callable[[], bool], refused: Callable[[Exception], None]) -> None:
+    """(A thread.) Wait until the fleet's state holds this node; a refusal (membership.member.
+    FormatRefused) is handed to ``refused``, which stops the node."""
+    from membership.member import FormatRefused
+
+    while not stopped():
+        try:
+            if member.wait_joined(0.5):
+                return
+        except FormatRefused as exc:
+            refused(exc)
+            return
 
 
 class NodeRuntime:
@@ -41,6 +72,7 @@ class NodeRuntime:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._stopped = asyncio.Event()
         self.ready = False
+        self.refused: Exception | None = None  # membership.member.FormatRefused
 
     # ---------------------------------------------------------- admin hooks
     def _call_in_loop(self, fn: Any, *args: Any, timeout: float = 10.0) -> Any:
@@ -100,8 +132,10 @@ class NodeRuntime:
             from membership.member import Member
             from proxy.member_link import MemberLink, member_config
 
-            self.link = MemberLink(self.datapath, Member(member_config(self.config, self.node_id)), self.loop)
+            member = Member(member_config(self.config, self.node_id), formats=node_formats())
+            self.link = MemberLink(self.datapath, member, self.loop)
             await self.loop.run_in_executor(None, self.link.start)  # blocks until Raft is up
+            await self._admitted(member)
             self.loop.run_in_executor(None, self._rejoin)
         if self.local.admin_port is not None:
             self.admin = AdminServer(
@@ -122,6 +156,30 @@ class NodeRuntime:
             await self._stopped.wait()
         finally:
             await self.shutdown()
+        if self.refused is not None:
+            raise self.refused
+
+    async def _admitted(self, member: Any) -> None:
+        """Serve only in a fleet whose state format this node reads (membership.formats): a
+        refusal stops the node before it serves (FormatRefused out of serve()). Without an
+        answer within JOIN_WAIT_S (no quorum yet) it serves and a thread keeps watching."""
+        from membership.member import FormatRefused
+
+        assert self.loop is not None
+        try:
+            if await self.loop.run_in_executor(None, member.wait_joined, JOIN_WAIT_S):
+                return
+        except FormatRefused:
+            member.stop()
+            await self.datapath.stop()
+            raise
+        loop = self.loop
+
+        def refused(exc: Exception) -> None:
+            self.refused = exc
+            loop.call_soon_threadsafe(self._stopped.set)
+
+        loop.run_in_executor(None, await_admission, member, self._stopped.is_set, refused)
 
     def _rejoin(self) -> None:
         from proxy.member_link import rejoin

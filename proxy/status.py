@@ -143,6 +143,10 @@ class NodeStatus:
     effective: dict[str, Any] | None = None  # the member's serving map, membership's shape
     events: tuple[dict[str, Any], ...] = ()  # membership events: t (monotonic), ts_ns (wall), event, ...
     now: float | None = None  # the member's monotonic clock when this was taken
+    # State formats (membership.formats): the fleet's committed one, this node's range, each member's.
+    state_format: int | None = None
+    supported_formats: str | None = None
+    member_formats: dict[str, str] = attrs.field(factory=dict)
     # ---- a node running data-path worker processes only: epoch/assignment above are then
     # the newest map every ready worker acknowledged
     workers: tuple[WorkerRow, ...] = ()
@@ -198,7 +202,9 @@ def node_status(datapath: DataPathStatus, serving: ServingMap, member: MemberSta
         role=m["role"], term=m["term"], leader=m["leader"], has_quorum=m["has_quorum"], degraded=m["degraded"],
         committed_epoch=m["epoch"], committed_assignment=m["assignment"],
         members={k: MemberRow.from_json(v) for k, v in m["members"].items()}, draining_nodes=m["draining"],
-        peers=m["peers"], effective=m["effective"], events=tuple(m["events"]), now=m["now"], **common)
+        peers=m["peers"], effective=m["effective"], events=tuple(m["events"]), now=m["now"],
+        state_format=m["state_format"], supported_formats=m["supported_formats"], member_formats=m["member_formats"],
+        **common)
 
 
 @attrs.frozen

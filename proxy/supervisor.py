@@ -110,6 +110,7 @@ class Supervisor:
         self.ready = False
         self._stopping = False
         self._stopped = asyncio.Event()
+        self.refused: Exception | None = None  # membership.member.FormatRefused
         self._ask_ids = itertools.count()
 
     # ------------------------------------------------------------- workers
@@ -316,7 +317,11 @@ class Supervisor:
         await self._wait(lambda: len(self.handles) == self.count and all(h.ready for h in self.handles.values()),
                          START_TIMEOUT_S, "every worker ready")
         if self.fleet:
-            await self._start_member()
+            try:
+                await self._start_member()
+            except Exception:  # membership.member.FormatRefused: not a member of this fleet
+                await self.shutdown()
+                raise
         if self.local.admin_port is not None:
             self.admin = AdminServer(
                 self.local.host, self.local.admin_port, token=self.config.admin_token,
@@ -333,16 +338,30 @@ class Supervisor:
             await self._stopped.wait()
         finally:
             await self.shutdown()
+        if self.refused is not None:
+            raise self.refused
 
     async def _start_member(self) -> None:
-        from membership.member import Member
+        from membership.member import FormatRefused, Member
         from proxy.member_link import member_config, rejoin, start_member
+        from proxy.runtime import JOIN_WAIT_S, await_admission, node_formats
 
         assert self.loop is not None
-        member = Member(member_config(self.config, self.node_id))
-        await self.loop.run_in_executor(None, start_member, member, self.local.host, sorted(self.brokers.values()))
-        self.member = member
         loop = self.loop
+        member = Member(member_config(self.config, self.node_id), formats=node_formats())
+        await self.loop.run_in_executor(None, start_member, member, self.local.host, sorted(self.brokers.values()))
+        try:  # serve only in a fleet whose state format this node reads (proxy.runtime, the same rule)
+            joined = await self.loop.run_in_executor(None, member.wait_joined, JOIN_WAIT_S)
+        except FormatRefused:
+            member.stop()
+            raise
+        if not joined:
+            def refused(exc: Exception) -> None:
+                self.refused = exc
+                loop.call_soon_threadsafe(self._stopped.set)
+
+            self.loop.run_in_executor(None, await_admission, member, self._stopped.is_set, refused)
+        self.member = member
         member.subscribe(lambda snapshot: loop.call_soon_threadsafe(self._push, snapshot))
         loop.run_in_executor(None, rejoin, member, self.node_id, self._stopped.is_set)
 

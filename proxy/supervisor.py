@@ -422,7 +422,8 @@ class Supervisor:
         assert self.loop is not None
         if self.member is not None and self.member.status().view.has_quorum:
             try:
-                await self.loop.run_in_executor(None, lambda: self.member.drain(self.node_id, timeout=self.config.limits.drain_timeout_s))
+                timeout = self.config.limits.drain_timeout_s
+                await self.loop.run_in_executor(None, lambda: self.member.drain(self.node_id, timeout=timeout))
             except Exception as exc:
                 log.warning("could not publish a map without this node", extra={"reason": repr(exc)})
         await self.ask_all(ASK_DRAIN_ALL)

@@ -252,6 +252,8 @@ class FleetView:
     brokers: tuple[BrokerRow, ...]
     bootstrap: tuple[str, ...] = attrs.field(converter=_strs)
     members: dict[str, MemberRow] = attrs.field(factory=dict)
+    state_format: int | None = None  # the fleet's committed state format (membership.formats)
+    member_formats: dict[str, str] = attrs.field(factory=dict)  # each member's advertised range
 
     @classmethod
     def build(cls, endpoints: Iterable[NodeEndpoint], statuses: Mapping[str, NodeStatus | None],
@@ -275,7 +277,9 @@ class FleetView:
                 standing_in=s.standing_in if s else ()))
         return cls(epoch=source.epoch if source else None, leader=source.leader if source else None,
                    assignment=assignment, nodes=tuple(nodes), brokers=source.brokers if source else (),
-                   bootstrap=tuple(bootstrap), members=members)
+                   bootstrap=tuple(bootstrap), members=members,
+                   state_format=source.state_format if source else None,
+                   member_formats=dict(source.member_formats) if source else {})
 
     def node(self, node_id: str) -> NodeRow | None:
         return next((n for n in self.nodes if n.id == node_id), None)
@@ -314,4 +318,5 @@ class FleetView:
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "leader": self.leader, "assignment": dict(self.assignment),
                 "nodes": [n.to_json() for n in self.nodes], "brokers": [b.to_json() for b in self.brokers],
-                "bootstrap": list(self.bootstrap), "members": {k: m.to_json() for k, m in self.members.items()}}
+                "bootstrap": list(self.bootstrap), "members": {k: m.to_json() for k, m in self.members.items()},
+                "state_format": self.state_format, "member_formats": dict(self.member_formats)}

@@ -92,6 +92,8 @@ def test_a_next_release_node_joins_and_serves_an_incompatible_one_is_refused(fle
         fleet.wait_healthy(60)
     _wait_for(lambda: all(s is not None and s.state_format == 2 for s in fleet.statuses().values()),
               "format 2 committed on every node")
+    view = fleet.fleet_view().to_json()  # what `kproxy cluster status --json` prints
+    assert view["state_format"] == 2 and view["member_formats"] == {"p1": "1..2", "p2": "1..2", "p3": "1..2"}
 
     # Now a node of the old release cannot read the fleet's state: refused in turn.
     _restart(fleet, "p2", None, monkeypatch)

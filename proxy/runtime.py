@@ -228,7 +228,8 @@ class NodeRuntime:
 
     async def graceful_drain(self) -> None:
         """SIGTERM: publish a map without this node first, then move its clients (DESIGN §4)."""
-        if self.link is not None and self.link.member.status().view.has_quorum:
+        # A refused node is no member of this fleet: nothing of it to move.
+        if self.link is not None and self.refused is None and self.link.member.status().view.has_quorum:
             try:
                 await asyncio.get_running_loop().run_in_executor(
                     None, lambda: self.link.member.drain(self.node_id, timeout=self.config.limits.drain_timeout_s))

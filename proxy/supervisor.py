@@ -420,7 +420,8 @@ class Supervisor:
         """SIGTERM: publish a map without this node, drain every worker's clients, then stop the workers."""
         self.ready = False
         assert self.loop is not None
-        if self.member is not None and self.member.status().view.has_quorum:
+        # A refused node is no member of this fleet: nothing of it to move.
+        if self.member is not None and self.refused is None and self.member.status().view.has_quorum:
             try:
                 timeout = self.config.limits.drain_timeout_s
                 await self.loop.run_in_executor(None, lambda: self.member.drain(self.node_id, timeout=timeout))

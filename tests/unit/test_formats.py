@@ -192,3 +192,14 @@ def test_the_leader_upgrades_the_format_once_every_configured_member_supports_it
             break
     assert isinstance(commands[-1], SetFormat) and commands[-1].format == 2
     assert state.format == 2
+
+
+def test_a_node_takes_its_range_from_the_release_or_the_test_hook():
+    from membership.formats import SUPPORTED
+    from proxy.config import ConfigError
+    from proxy.runtime import node_formats
+
+    assert node_formats({}) == SUPPORTED == ONE
+    assert node_formats({"KPROXY_FORMATS": "1-2"}) == BOTH
+    with pytest.raises(ConfigError, match="KPROXY_FORMATS"):
+        node_formats({"KPROXY_FORMATS": "two"})

@@ -22,8 +22,8 @@ from membership.formats import FORMATS_ENV, SUPPORTED, FormatRange, parse_range
 from proxy import logs
 from proxy.admin import AdminServer
 from proxy.config import Config, ConfigError, http_url, load
-from proxy.reload import ReloadPlan, plan_reload
 from proxy.datapath import DataPath
+from proxy.reload import ReloadPlan, plan_reload
 from proxy.status import NodeStatus, node_status
 from proxy.tls import admin_context
 

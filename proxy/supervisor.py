@@ -43,8 +43,8 @@ from typing import Any
 import attrs
 
 from membership.serving import ServingMap
-from proxy.admin import AdminServer
 from proxy import logs
+from proxy.admin import AdminServer
 from proxy.config import Config, ConfigError, http_url
 from proxy.datapath import DataPathStatus
 from proxy.metrics import render_families, worker_restarts_family

@@ -101,3 +101,22 @@ def test_admission_takes_new_limits_at_the_next_connection():
     assert refused is not None and refused.reason is RefusalReason.SOURCE_RATE
     with pytest.raises(ValueError):
         b.retune(max_connections=0, accepts_per_source_per_s=1)
+
+
+def test_reading_again_a_file_that_no_longer_loads_is_an_error_naming_the_field(tmp_path):
+    from proxy.config import ConfigError, load
+    from proxy.runtime import read_reload
+
+    path = tmp_path / "fleet.toml"
+    text = ('[upstream]\nbootstrap = ["127.0.0.1:19092"]\n[ports]\nbase = 9100\n'
+            '[[nodes]]\nid = "p1"\nhost = "127.0.0.11"\nbootstrap_port = 9092\nworkers = 1\n')
+    path.write_text(text)
+    config = load(path)
+    path.write_text(text + "[limits]\nmax_conections = 5\n")
+    with pytest.raises(ConfigError, match="limits.max_conections"):
+        read_reload(config)
+    path.write_text(text + "[limits]\nmax_connections = 5\n")
+    plan = read_reload(config)
+    assert plan.applied == ("limits.max_connections",) and plan.config.limits.max_connections == 5
+    with pytest.raises(ConfigError, match="not read from a file"):
+        read_reload(raw())

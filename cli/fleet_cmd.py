@@ -1,4 +1,4 @@
-"""`kproxy fleet up|down` and `kproxy cluster status|kill-node|drain|undrain|restart-node`."""
+"""`kproxy fleet up|down` and `kproxy cluster status|kill-node|drain|undrain|reload|restart-node`."""
 
 from __future__ import annotations
 
@@ -263,6 +263,29 @@ def drain(node: str, state_dir: str | None, admin_url: str | None, token_env: st
 def undrain(node: str, state_dir: str | None, admin_url: str | None, token_env: str) -> None:
     """Let NODE take identities again."""
     _move(_target(state_dir, admin_url, token_env), node, "undrain")
+
+
+@cluster.command("reload")
+@click.argument("node")
+@fleet_target
+@click.option("--json", "as_json", is_flag=True)
+def reload(node: str, state_dir: str | None, admin_url: str | None, token_env: str, as_json: bool) -> None:
+    """NODE reads its config file and certificates again (as on SIGHUP): says what changed now
+    and which changed fields need a restart."""
+    f = _target(state_dir, admin_url, token_env)
+    if node not in f.node_ids:
+        raise click.BadParameter(f"no node {node!r} (nodes: {', '.join(f.node_ids)})", param_hint="NODE")
+    try:
+        result = f.reload(node)
+    except AdminError as exc:
+        _fail(exc)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    applied, restart = result.get("applied") or [], result.get("needs_restart") or []
+    click.echo(f"{node}: reloaded; applied: {', '.join(applied) or 'nothing changed'}")
+    if restart:
+        click.echo(f"{node}: changed but needs a restart: {', '.join(restart)}")
 
 
 @cluster.command("restart-node")

@@ -43,8 +43,12 @@ def run(config_path: str, node_id: str) -> None:
     except instance_lock.InstanceRunning as exc:
         fail(exc, EXIT_USAGE)
     logs.setup(config.log_level, config.log_format, node_id)
+    from membership.member import FormatRefused
+
     try:
         runtime.run(config, node_id)
+    except (FormatRefused, ConfigError) as exc:  # a state format this node cannot read; a bad KPROXY_FORMATS
+        fail(exc, EXIT_USAGE)
     except OSError as exc:
         # Our bind sites put the listener and its address in strerror; errno says whose fault it is.
         fail(exc.strerror or logs.describe_error(exc), EXIT_USAGE if exc.errno in BIND_ERRNOS else EXIT_UNHEALTHY)

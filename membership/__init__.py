@@ -13,6 +13,10 @@ proxy_id`` with an epoch that grows by one on every accepted change.
   are unconditional and idempotent; the leader's decisions (MarkDown, MarkUp,
   Reassign) are conditional on the expected epoch, idempotent, and carry the
   owners table computed by ``topology.assign``.
+* ``formats`` — node-by-node upgrades: the state format the fleet has
+  committed, the range each member reads (advertised in its Join), the rule
+  that refuses a node which cannot read the fleet's format and the leader's
+  ``SetFormat`` once every member can go higher.
 * ``planner`` — the leader's decisions as a pure function of (state, liveness
   view, time): deaths are marked down together with the new table in one
   commit; a returning node is marked up at once and gets identities by a
@@ -34,7 +38,7 @@ proxy_id`` with an epoch that grows by one on every accepted change.
   executes ``MemberCore``'s actions; ``status.MemberStatus`` its typed status;
   ``standalone`` runs one member driven by JSON lines.
 
-The pure modules (state, commands, planner, effective, serving, control,
+The pure modules (state, commands, formats, planner, effective, serving, control,
 status, sim) import neither pysyncobj nor sockets; ``sim`` is the seeded
 fleet simulator (``python -m membership.sim --seed N``) that runs them under
 faults.

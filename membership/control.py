@@ -21,9 +21,13 @@ What it decides:
   election, survivors in id order (:meth:`MemberCore._hasten`);
 * **Raft links kept open** every ``connection_timeout / 4``: those to live
   peers (see :class:`KeepLinksOpen`);
-* **join gating**: propose our own ``Join`` until the committed state holds it;
+* **join gating**: propose our own ``Join`` (with the state formats this node
+  reads) until the committed state holds it; a committed state whose format this
+  node cannot read makes it refuse to serve (:class:`Refuse`, once);
 * **plan gating**: on the leader only, after warm-up, one command in flight
-  with a deadline, re-planned at least every ``PLAN_INTERVAL_S``;
+  with a deadline, re-planned at least every ``PLAN_INTERVAL_S``; when the
+  planner has nothing to do, a state format upgrade every member supports
+  (membership.formats.next_format);
 * **the serving map**: rebuilt when its inputs change, published with a new
   ``version`` when what it serves changed.
 """
@@ -36,9 +40,10 @@ from typing import Any
 
 import attrs
 
-from membership.commands import APPLIED, REJECTED, Command, Join, Result
+from membership.commands import APPLIED, REJECTED, Command, Join, Result, SetFormat
 from membership.config import MemberConfig
 from membership.effective import QuorumLease, build_serving_map, committed_is_sane, committed_vacant
+from membership.formats import SUPPORTED, FormatRange, next_format, refusal
 from membership.planner import Planner
 from membership.serving import ServingMap
 from membership.state import FleetState
@@ -145,7 +150,15 @@ class Publish:
     map: ServingMap
 
 
-Action = KeepLinksOpen | HastenElection | SubmitJoin | SubmitPlan | Emit | NewState | Publish
+@attrs.frozen(slots=True)
+class Refuse:
+    """This node cannot read the fleet's committed state format: it must not serve
+    (the shell stops it; ``reason`` says which formats it supports)."""
+
+    reason: str
+
+
+Action = KeepLinksOpen | HastenElection | SubmitJoin | SubmitPlan | Emit | NewState | Publish | Refuse
 
 
 def _emit(now: float, event: str, **fields: Any) -> Emit:
@@ -153,10 +166,13 @@ def _emit(now: float, event: str, **fields: Any) -> Emit:
 
 
 class MemberCore:
-    def __init__(self, config: MemberConfig, now: float) -> None:
+    def __init__(self, config: MemberConfig, now: float, formats: FormatRange = SUPPORTED) -> None:
+        """``formats``: the state formats this node reads and writes (membership.formats)."""
         self.config = config
         self.node_id: ProxyId = config.node_id
         self._me = config.me.node
+        self.formats = formats
+        self.refused: str | None = None
         self._all_ids = frozenset(m.id for m in config.members)
         self._peer_ids = tuple(m.id for m in config.peers)
         self._configured = config.nodes()
@@ -245,6 +261,13 @@ class MemberCore:
 
         if role != "leader" and leader is not None and leader not in live:
             out.append(self._hasten(live, leader))
+        if self.refused is None:
+            self._check_format(state, now, out)
+        if self.refused is not None:  # never joins, plans or publishes again
+            if state is not self.state:
+                self.state = state
+                out.append(NewState(state))
+            return out
         self._maybe_join(state, now, out)
         if role == "leader":
             if not self._was_leader:
@@ -285,15 +308,27 @@ class MemberCore:
                 self._peer_live[p] = is_live
                 self.peer_changed_at[p] = now
 
+    def joined(self, state: FleetState) -> bool:
+        """The committed state holds this node's record and the formats it reads."""
+        return (any(n == self._me for n in state.members)
+                and state.format_map().get(self.node_id) == self.formats)
+
+    def _check_format(self, state: FleetState, now: float, out: list[Action]) -> None:
+        reason = refusal(self.node_id, state.format, self.formats)
+        if reason is not None:
+            self.refused = reason
+            out.append(_emit(now, "format_refused", format=state.format, supported=str(self.formats)))
+            out.append(Refuse(reason))
+
     def _maybe_join(self, state: FleetState, now: float, out: list[Action]) -> None:
         """Until the committed state holds this node's own record, propose
         Join (forwarded to the leader, queued while there is none); one
         attempt at a time, retried after a failure or after commit_timeout."""
-        if now < self._next_join_at or any(n == self._me for n in state.members):
+        if now < self._next_join_at or self.joined(state):
             return
         self._next_join_at = now + self.config.commit_timeout
         self._join_token = next(self._tokens)
-        out.append(SubmitJoin(self._join_token, Join(self._me)))
+        out.append(SubmitJoin(self._join_token, Join(self._me, self.formats)))
 
     def _maybe_plan(
         self, state: FleetState, live: frozenset[ProxyId], heard_all: bool, now: float, out: list[Action]
@@ -311,6 +346,9 @@ class MemberCore:
             return
         self._plan_key, self._next_plan_at = key, now + PLAN_INTERVAL_S
         command = self._planner.next_command(state, live, now, self.local_brokers)
+        if command is None:
+            target = next_format(state.format, state.format_map(), self._all_ids | state.member_ids())
+            command = None if target is None else SetFormat(target, state.epoch)
         if command is None:
             return
         self._inflight, self._inflight_deadline = next(self._tokens), now + self.config.commit_timeout

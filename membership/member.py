@@ -36,6 +36,7 @@ from membership import control
 from membership.commands import REJECTED, Command, Drain, Result, Undrain
 from membership.config import MemberConfig
 from membership.control import MemberCore, RaftView
+from membership.formats import SUPPORTED, FormatRange
 from membership.heartbeat import Heartbeat
 from membership.raft import RaftReplica
 from membership.serving import ServingMap
@@ -53,11 +54,16 @@ class MembershipError(RuntimeError):
     """A membership operation was rejected by the state machine."""
 
 
+class FormatRefused(RuntimeError):
+    """This node cannot read the fleet's state format: it must not serve (the message says why)."""
+
+
 Subscriber = Callable[[ServingMap], None]
 
 
 class Member:
-    def __init__(self, config: MemberConfig) -> None:
+    def __init__(self, config: MemberConfig, formats: FormatRange = SUPPORTED) -> None:
+        """``formats``: the state formats this node reads and writes (membership.formats)."""
         config.validate()
         self.config = config
         self.node_id: ProxyId = config.node_id
@@ -66,7 +72,7 @@ class Member:
         self._clock = time.monotonic
         self._addr_to_id = {m.raft_address: m.id for m in config.members}
         self._raft_addresses = {m.id: m.raft_address for m in config.members}
-        self._core = MemberCore(config, self._clock())
+        self._core = MemberCore(config, self._clock(), formats)
         self._raft: RaftReplica | None = None
         self._hb: Heartbeat | None = None
         self._thread: threading.Thread | None = None
@@ -231,13 +237,29 @@ class Member:
         state = self._wait_state(lambda s: node_id not in s.draining, deadline, f"undrain {node_id}")
         return state.epoch
 
+    @property
+    def refused(self) -> str | None:
+        """Why this node cannot serve in this fleet (its state format), or None."""
+        return self._core.refused
+
+    def wait_joined(self, timeout: float) -> bool:
+        """Wait until the committed state holds this node (True) or ``timeout`` passes (False:
+        no quorum yet, for instance). Raises FormatRefused if the fleet's format is one this
+        node cannot read."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._core.refused is not None or self._core.joined(self._core.state)
+                                or self._stop.is_set(), timeout=timeout)
+        if self._core.refused is not None:
+            raise FormatRefused(self._core.refused)
+        return self._core.joined(self._core.state)
+
     def status(self) -> MemberStatus:
         core = self._core
         now = self._clock()
         beats = self._hb.peer_status(now) if self._hb is not None else {}
         peers = tuple((p, PeerStatus.from_heartbeat(info, core.peer_changed_at.get(p))) for p, info in beats.items())
         return MemberStatus(node=self.node_id, view=core.view, state=core.state, serving=core.serving,
-                            peers=peers, events=tuple(self._events), now=now)
+                            peers=peers, events=tuple(self._events), now=now, supported=core.formats)
 
     # ---- helpers for callers on other threads ------------------------------------------------
 
@@ -325,6 +347,10 @@ class Member:
                 raft.submit(action.command, self._join_callback(action.token))
             elif isinstance(action, control.SubmitPlan):
                 raft.submit(action.command, self._plan_callback(raft, action))
+            elif isinstance(action, control.Refuse):
+                log.error("refusing to join the fleet: %s", action.reason)
+                with self._cond:
+                    self._cond.notify_all()
             elif isinstance(action, (control.NewState, control.Publish)):
                 with self._cond:
                     self._wake = self._wake or isinstance(action, control.Publish)

@@ -19,6 +19,14 @@ Every access to pysyncobj's private, name-mangled internals lives in
 written against pysyncobj ``PINNED_PYSYNCOBJ`` and checked against a real
 ``SyncObj`` by tests/integration/test_raft_private.py.
 
+Versions: pysyncobj numbers the ``@replicated`` methods by their sorted names
+and puts the number in the log, so a method added between existing names would
+renumber them and a node of the next release would apply an old node's entries
+to the wrong method. The commands that came with state formats (``SetFormat``,
+and any later one) therefore go through one method, :meth:`versioned_command`,
+whose name sorts last; the state checks each command against the committed
+format (membership.formats).
+
 ``state`` is a class attribute holding the empty state; the first applied
 command sets the instance attribute, which pysyncobj then includes in its
 snapshots (it serialises instance attributes created after ``__init__``).
@@ -44,6 +52,7 @@ from membership.commands import (
     Reassign,
     Result,
     SetBrokers,
+    SetFormat,
     Undrain,
 )
 from membership.config import MemberConfig
@@ -133,6 +142,11 @@ class RaftReplica(SyncObj):
     @replicated
     def reassign(self, command: Reassign) -> Result:
         return self._apply(command, Reassign)
+
+    @replicated
+    def versioned_command(self, command: SetFormat) -> Result:
+        """Every command added since state formats exist (see the module doc)."""
+        return self._apply(command, SetFormat)
 
     # ---- pysyncobj internals, in one place ----------------------------------------------------
 
@@ -246,6 +260,7 @@ class RaftReplica(SyncObj):
             MarkDown: self.mark_down,
             MarkUp: self.mark_up,
             Reassign: self.reassign,
+            SetFormat: self.versioned_command,
         }[type(command)]
         method(command, callback=callback)
 

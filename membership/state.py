@@ -16,6 +16,11 @@ known brokers with eligible owners (or is empty when nobody is eligible).
 Intent commands may leave the table invalid for a moment; :meth:`repaired` is
 the table every replica derives from it until the leader commits one, so all
 data paths agree even then.
+
+Format: the state carries the fleet's committed state format and the range
+each member advertised in its Join (membership.formats); pysyncobj's snapshot
+pickles the whole value, so the snapshot carries them too. A command newer than
+the committed format, and a Join from a node that cannot read it, are rejected.
 """
 
 from __future__ import annotations
@@ -36,8 +41,10 @@ from membership.commands import (
     Reassign,
     Result,
     SetBrokers,
+    SetFormat,
     Undrain,
 )
+from membership.formats import NO_FORMAT, FormatRange, readable_across_formats, refusal
 from topology import (
     AddressConflict,
     Broker,
@@ -58,6 +65,11 @@ def _brokers(value: Iterable[Broker]) -> tuple[Broker, ...]:
     return tuple(sorted(value, key=lambda b: b.id))
 
 
+def _formats(value: Iterable[tuple[ProxyId, FormatRange]]) -> tuple[tuple[ProxyId, FormatRange], ...]:
+    return tuple(sorted(dict(value).items()))
+
+
+@readable_across_formats
 @attrs.frozen(slots=True)
 class FleetState:
     epoch: int = 0
@@ -66,6 +78,9 @@ class FleetState:
     draining: frozenset[ProxyId] = frozenset()
     brokers: tuple[Broker, ...] = attrs.field(default=(), converter=_brokers)
     owners: tuple[tuple[BrokerId, ProxyId], ...] = attrs.field(default=(), converter=freeze_owners)
+    # The committed state format (NO_FORMAT until the first Join) and each member's advertised range.
+    format: int = NO_FORMAT
+    member_formats: tuple[tuple[ProxyId, FormatRange], ...] = attrs.field(default=(), converter=_formats)
 
     # ---- queries ---------------------------------------------------------------------------
 
@@ -80,6 +95,9 @@ class FleetState:
 
     def owner_map(self) -> dict[BrokerId, ProxyId]:
         return dict(self.owners)
+
+    def format_map(self) -> dict[ProxyId, FormatRange]:
+        return dict(self.member_formats)
 
     def eligible(self) -> frozenset[ProxyId]:
         live = self.up & self.member_ids()
@@ -124,6 +142,10 @@ class FleetState:
         handler = _HANDLERS.get(type(command))
         if handler is None:
             return self, self._reject(f"unknown command {type(command).__name__}")
+        since = getattr(type(command), "SINCE_FORMAT", NO_FORMAT)
+        if self.format != NO_FORMAT and since > self.format:
+            return self, self._reject(f"{type(command).__name__} needs state format {since}, "
+                                      f"the fleet is at format {self.format}")
         return handler(self, command)
 
     def _reject(self, reason: str) -> Result:
@@ -138,17 +160,37 @@ class FleetState:
 
     def _join(self, cmd: Join) -> tuple[FleetState, Result]:
         node = cmd.node
-        if not isinstance(node, ProxyNode):
-            return self, self._reject("Join needs a ProxyNode")
-        current = self.member_map()
-        if current.get(node.id) == node:
+        if not isinstance(node, ProxyNode) or not isinstance(cmd.formats, FormatRange):
+            return self, self._reject("Join needs a ProxyNode and a FormatRange")
+        refused = refusal(node.id, self.format, cmd.formats)
+        if refused is not None:
+            return self, self._reject(refused)
+        current, formats = self.member_map(), self.format_map()
+        if current.get(node.id) == node and formats.get(node.id) == cmd.formats:
             return self._unchanged()
         current[node.id] = node
+        formats[node.id] = cmd.formats
         try:
             validate_addresses(current.values(), self.broker_ids())
         except (AddressConflict, ValueError) as exc:
             return self, self._reject(f"address conflict: {exc}")
-        return self._next(members=current.values())
+        # The first Join starts the fleet at the joiner's lowest format: every node of its
+        # release or the next can read it; SetFormat raises it once all members can go higher.
+        fmt = cmd.formats.lo if self.format == NO_FORMAT else self.format
+        return self._next(members=current.values(), member_formats=formats.items(), format=fmt)
+
+    def _set_format(self, cmd: SetFormat) -> tuple[FleetState, Result]:
+        if cmd.format == self.format:
+            return self._unchanged()
+        if cmd.expected_epoch != self.epoch:
+            return self, self._reject(f"stale epoch {cmd.expected_epoch}, state is at {self.epoch}")
+        if cmd.format < self.format:
+            return self, self._reject(f"the state format only goes up: {self.format} to {cmd.format} refused")
+        advertised = self.format_map()
+        unable = sorted(m for m in self.member_ids() if advertised.get(m) is None or cmd.format not in advertised[m])
+        if unable:
+            return self, self._reject(f"format {cmd.format} is not supported by members {unable}")
+        return self._next(format=cmd.format)
 
     def _set_brokers(self, cmd: SetBrokers) -> tuple[FleetState, Result]:
         if cmd.brokers == self.brokers:
@@ -220,4 +262,5 @@ _HANDLERS = {
     MarkDown: FleetState._mark_down,
     MarkUp: FleetState._mark_up,
     Reassign: FleetState._reassign,
+    SetFormat: FleetState._set_format,
 }

@@ -9,6 +9,7 @@ import attrs
 
 from membership.control import MemberView
 from membership.serving import ServingMap
+from membership.formats import SUPPORTED, FormatRange
 from membership.state import FleetState
 from topology import ProxyId
 
@@ -56,6 +57,7 @@ class MemberStatus:
     peers: tuple[tuple[ProxyId, PeerStatus], ...]
     events: tuple[dict[str, Any], ...]  # membership event records, oldest first
     now: float  # the member's monotonic clock
+    supported: FormatRange = SUPPORTED  # the state formats this node reads and writes
 
     def to_json(self) -> dict[str, Any]:
         state, view = self.state, self.view
@@ -82,6 +84,9 @@ class MemberStatus:
             },
             "draining": sorted(state.draining),
             "brokers": [b.id for b in state.brokers],
+            "state_format": state.format,
+            "supported_formats": str(self.supported),
+            "member_formats": {p: str(r) for p, r in state.member_formats},
             "events": [dict(e) for e in self.events],
             "now": self.now,
         }

@@ -259,6 +259,11 @@ class ClusterAdmin:
         self._node(node_id)
         return self._action(f"/undrain/{node_id}")
 
+    def reload(self, node_id: str) -> dict[str, Any]:
+        """The node reads its config file (and certificates) again: ``applied``, ``needs_restart``."""
+        self._node(node_id)
+        return self._action("/reload", via=node_id)
+
 
 def _refusal(r: httpx.Response) -> str:
     """``HTTP 401: missing or wrong bearer token`` from an admin endpoint's JSON error body."""

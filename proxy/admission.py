@@ -90,6 +90,20 @@ class Admission:
         self._pruned_at: float | None = None
         self.refused: dict[RefusalReason, int] = {r: 0 for r in RefusalReason}
 
+    def retune(self, max_connections: int, accepts_per_source_per_s: float) -> None:
+        """New limits (a config reload): the next ``admit`` uses them. Connections held are
+        not this object's business (a lower cap only refuses new ones); each source keeps
+        its bucket, with no more tokens than the new capacity."""
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        if accepts_per_source_per_s < 0:
+            raise ValueError("accepts_per_source_per_s must be 0 (no limit) or positive")
+        self.max_connections = max_connections
+        self.rate = float(accepts_per_source_per_s)
+        self.capacity = max(self.rate, 1.0)
+        for bucket in self._buckets.values():
+            bucket.tokens = min(bucket.tokens, self.capacity)
+
     @property
     def tracked_sources(self) -> int:
         return len(self._buckets)

@@ -37,6 +37,7 @@ test keeps it complete)::
     listen_backlog = 4096                # accept queue of every listener (capped by net.core.somaxconn)
     max_connections = 50000              # client connections per node; more are refused
     accepts_per_source_per_s = 1000      # new connections per second per source address; 0: no limit
+    drain_timeout_s = 5.0                # SIGTERM: longest wait for clients to leave before exiting
 
     [logging]
     level = "INFO"
@@ -154,6 +155,9 @@ DEFAULT_MAX_CONNECTIONS = 50_000
 # one second's worth): generous enough for a host of clients reconnecting at
 # once, low enough that one runaway client cannot take the node's accept loop.
 DEFAULT_ACCEPTS_PER_SOURCE_PER_S = 1000
+# SIGTERM drains a node (DESIGN §4): the fleet moves its identities, its clients are closed once
+# their in-flight responses are out; the node exits after this long even if some are left.
+DEFAULT_DRAIN_TIMEOUT_S = 5.0
 
 
 @attrs.frozen
@@ -166,6 +170,7 @@ class Limits:
     listen_backlog: int = DEFAULT_LISTEN_BACKLOG
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     accepts_per_source_per_s: float = DEFAULT_ACCEPTS_PER_SOURCE_PER_S
+    drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
 
 
 @attrs.frozen
@@ -499,6 +504,7 @@ def _parse_limits(limits_raw: Mapping[str, Any]) -> Limits:
                              DEFAULT_MAX_CONNECTIONS),
         accepts_per_source_per_s=_get(limits_raw, "accepts_per_source_per_s", "limits.accepts_per_source_per_s",
                                       float, float(DEFAULT_ACCEPTS_PER_SOURCE_PER_S)),
+        drain_timeout_s=_get(limits_raw, "drain_timeout_s", "limits.drain_timeout_s", float, DEFAULT_DRAIN_TIMEOUT_S),
     )
     if limits.splice_min_bytes != 0 and not 4096 <= limits.splice_min_bytes <= 1 << 30:
         raise ConfigError("limits.splice_min_bytes", "must be 0 (never splice) or between 4 KiB and 1 GiB")
@@ -509,6 +515,7 @@ def _parse_limits(limits_raw: Mapping[str, Any]) -> Limits:
     if not 4096 <= limits.high_water_bytes <= 1 << 30:
         raise ConfigError("limits.high_water_bytes", "must be between 4 KiB and 1 GiB")
     _positive(limits.connect_timeout_s, "limits.connect_timeout_s")
+    _positive(limits.drain_timeout_s, "limits.drain_timeout_s")
     if not 1 <= limits.listen_backlog <= 1 << 20:
         raise ConfigError("limits.listen_backlog", "must be between 1 and 1048576 (the kernel caps it at somaxconn)")
     if not 1 <= limits.max_connections <= 10_000_000:

@@ -155,6 +155,13 @@ class DataPath:
         """SIGHUP: load the listeners' certificate and key again (new handshakes use them)."""
         return self.certificates.reload() if self.certificates is not None else False
 
+    def reconfigure(self, config: Config) -> None:
+        """A config reload (proxy.reload.plan_reload's config): limits for new connections and
+        admission, the broker connect timeout, the discovery interval. On the loop."""
+        self.config = config
+        self.discovery.config = config
+        self.registry.set_limits(config.limits, client_capacity(config.limits.max_connections))
+
     async def _watch_certificates(self, interval: float) -> None:
         assert self.certificates is not None
         while True:

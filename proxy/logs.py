@@ -55,6 +55,12 @@ class TextFormatter(logging.Formatter):
         return base + ("  " + " ".join(f"{k}={v}" for k, v in extras.items()) if extras else "")
 
 
+def set_level(level: str) -> None:
+    """The level of every logger from now on (``logging.level``, also on a config reload)."""
+    logging.getLogger().setLevel(level)
+    logging.getLogger("pysyncobj").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+
+
 def setup(level: str = "INFO", fmt: str = "json", node: str | None = None, worker: int | None = None) -> None:
     """``worker``: the index of a data-path worker process (proxy.worker), in every line it logs."""
     handler = logging.StreamHandler(sys.stderr)
@@ -65,5 +71,4 @@ def setup(level: str = "INFO", fmt: str = "json", node: str | None = None, worke
         handler.setFormatter(TextFormatter(f"%(asctime)s %(levelname)s {who}%(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]
-    root.setLevel(level)
-    logging.getLogger("pysyncobj").setLevel(max(logging.WARNING, logging.getLevelName(level)))
+    set_level(level)

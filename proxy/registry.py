@@ -94,6 +94,13 @@ class ConnectionRegistry:
         self.unstall: Callable[[Pair, UnknownBroker], Awaitable[None]] | None = None
         self.owned_here: Callable[[int], bool] = lambda listener: True
 
+    def set_limits(self, limits: Limits, max_connections: int | None = None) -> None:
+        """A config reload (proxy.reload): new connections get ``limits``; admission uses the new
+        cap and rate from the next connection on. Connections held keep their settings."""
+        self.limits = limits
+        self.admission.retune(min(limits.max_connections, max_connections or limits.max_connections),
+                              limits.accepts_per_source_per_s)
+
     # ---------------------------------------------------- what a connection calls
     def admit(self, source: str) -> bool:
         """May a new connection from ``source`` (an IP address) be taken (proxy.admission)?

@@ -13,21 +13,67 @@ import logging
 import os
 import signal
 import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import uvloop
 
+from membership.formats import FORMATS_ENV, SUPPORTED, FormatRange, parse_range
+from proxy import logs
 from proxy.admin import AdminServer
-from proxy.config import Config, http_url
+from proxy.config import Config, ConfigError, http_url, load
 from proxy.datapath import DataPath
+from proxy.reload import ReloadPlan, plan_reload
 from proxy.status import NodeStatus, node_status
 from proxy.tls import admin_context
-
-GRACEFUL_DRAIN_S = 5.0
 
 log = logging.getLogger("kproxy.runtime")
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP, "TERM": signal.SIGTERM}
 KILL_DELAY_S = 0.1  # POST /kill: the answer goes out first
+# A starting node waits this long for the fleet to take its Join (a running fleet does in well
+# under a second) before serving; a refusal (a state format it cannot read) ends it at once.
+JOIN_WAIT_S = 2.0
+
+
+def node_formats(env: Mapping[str, str] = os.environ) -> FormatRange:
+    """The state formats this node reads and writes: this release's, or ``KPROXY_FORMATS``
+    (a test hook: one commit plays two releases, membership.formats)."""
+    text = env.get(FORMATS_ENV)
+    if not text:
+        return SUPPORTED
+    try:
+        return parse_range(text)
+    except ValueError as exc:
+        raise ConfigError(FORMATS_ENV, str(exc)) from None
+
+
+def read_reload(config: Config) -> ReloadPlan:
+    """The config file read again and compared with ``config`` (proxy.reload); a ConfigError
+    (naming the field) if it cannot be read or is not valid: the running config then stays."""
+    if config.source == "<memory>":
+        raise ConfigError("--config", "this node's config was not read from a file: nothing to reload")
+    return plan_reload(config, load(config.source))
+
+
+def log_reload(plan: ReloadPlan, trigger: str, **extra: Any) -> None:
+    log.info("config reloaded", extra={"trigger": trigger, **plan.to_json(), **extra})
+    if plan.needs_restart:
+        log.warning("config changes that take effect only after a restart: " + ", ".join(plan.needs_restart),
+                    extra={"trigger": trigger, "needs_restart": list(plan.needs_restart)})
+
+
+def await_admission(member: Any, stopped: Callable[[], bool], refused: Callable[[Exception], None]) -> None:
+    """(A thread.) Wait until the fleet's state holds this node; a refusal (membership.member.
+    FormatRefused) is handed to ``refused``, which stops the node."""
+    from membership.member import FormatRefused
+
+    while not stopped():
+        try:
+            if member.wait_joined(0.5):
+                return
+        except FormatRefused as exc:
+            refused(exc)
+            return
 
 
 class NodeRuntime:
@@ -42,6 +88,7 @@ class NodeRuntime:
         self._stopped = asyncio.Event()
         self.ready = False
         self.peer_clients: Any = None  # proxy.addresses.peers.PeerClients with floating addresses
+        self.refused: Exception | None = None  # membership.member.FormatRefused
 
     # ---------------------------------------------------------- admin hooks
     def _call_in_loop(self, fn: Any, *args: Any, timeout: float = 10.0) -> Any:
@@ -85,6 +132,30 @@ class NodeRuntime:
         epoch = self.link.member.drain(target)  # publishes the new map; the node drains on seeing it
         return {"node": target, "epoch": epoch}
 
+    def reload(self, trigger: str) -> dict[str, Any]:
+        """SIGHUP or POST /reload (on the loop): the certificates, then the config file, again.
+        A file that does not load leaves the running config as it is (ConfigError out)."""
+        certificates = self.datapath.reload_certificates()
+        try:
+            plan = read_reload(self.config)
+        except ConfigError as exc:
+            log.error("config not reloaded: the running config stays", extra={"trigger": trigger,
+                                                                             "reason": str(exc)})
+            raise
+        self.config = plan.config
+        logs.set_level(plan.config.log_level)
+        self.datapath.reconfigure(plan.config)
+        if self.admin is not None:
+            self.admin.token = plan.config.admin_token
+        log_reload(plan, trigger, certificates_reloaded=certificates)
+        return {"node": self.node_id, **plan.to_json(), "certificates_reloaded": certificates}
+
+    def _on_sighup(self) -> None:
+        try:
+            self.reload("SIGHUP")
+        except ConfigError:
+            pass  # logged; the node runs on
+
     def _undrain(self, body: dict[str, Any]) -> dict[str, Any]:
         target = str(body.get("node", self.node_id))
         if self.link is None:
@@ -101,8 +172,10 @@ class NodeRuntime:
             from membership.member import Member
             from proxy.member_link import MemberLink, member_config
 
-            self.link = MemberLink(self.datapath, Member(member_config(self.config, self.node_id)), self.loop)
+            member = Member(member_config(self.config, self.node_id), formats=node_formats())
+            self.link = MemberLink(self.datapath, member, self.loop)
             await self.loop.run_in_executor(None, self.link.start)  # blocks until Raft is up
+            await self._admitted(member)
             self.loop.run_in_executor(None, self._rejoin)
             self._share_clients()
         if self.local.admin_port is not None:
@@ -110,7 +183,8 @@ class NodeRuntime:
                 self.local.host, self.local.admin_port, token=self.config.admin_token,
                 status=lambda: self.status().to_json(),
                 metrics=self.datapath.metrics.render, ready=self._ready,
-                actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain},
+                actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain,
+                         "reload": lambda _body: self._call_in_loop(self.reload, "admin")},
                 clients=self._clients if self.datapath.floating is not None else None,
                 ssl_context=admin_context(self.config.security.admin)
                 if self.config.security is not None and self.config.security.admin is not None else None)
@@ -119,13 +193,37 @@ class NodeRuntime:
         self.datapath.watch_stalls()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopped.set)
-        self.loop.add_signal_handler(signal.SIGHUP, self.datapath.reload_certificates)  # proxy.tls rotation
+        self.loop.add_signal_handler(signal.SIGHUP, self._on_sighup)  # certificates and config (proxy.reload)
         log.info("node ready", extra={"node": self.node_id, "bootstrap": self.datapath.bootstrap_address,
                                       "admin": self.admin.address if self.admin else None})
         try:
             await self._stopped.wait()
         finally:
             await self.shutdown()
+        if self.refused is not None:
+            raise self.refused
+
+    async def _admitted(self, member: Any) -> None:
+        """Serve only in a fleet whose state format this node reads (membership.formats): a
+        refusal stops the node before it serves (FormatRefused out of serve()). Without an
+        answer within JOIN_WAIT_S (no quorum yet) it serves and a thread keeps watching."""
+        from membership.member import FormatRefused
+
+        assert self.loop is not None
+        try:
+            if await self.loop.run_in_executor(None, member.wait_joined, JOIN_WAIT_S):
+                return
+        except FormatRefused:
+            member.stop()
+            await self.datapath.stop()
+            raise
+        loop = self.loop
+
+        def refused(exc: Exception) -> None:
+            self.refused = exc
+            loop.call_soon_threadsafe(self._stopped.set)
+
+        loop.run_in_executor(None, await_admission, member, self._stopped.is_set, refused)
 
     def _clients(self) -> dict[str, Any]:
         """``GET /clients``: this node's clients, and the peers' it knows (what it would tickle)."""
@@ -158,19 +256,21 @@ class NodeRuntime:
 
     async def graceful_drain(self) -> None:
         """SIGTERM: publish a map without this node first, then move its clients (DESIGN §4)."""
-        if self.link is not None and self.link.member.status().view.has_quorum:
+        # A refused node is no member of this fleet: nothing of it to move.
+        if self.link is not None and self.refused is None and self.link.member.status().view.has_quorum:
             try:
                 await asyncio.get_running_loop().run_in_executor(
-                    None, lambda: self.link.member.drain(self.node_id, timeout=GRACEFUL_DRAIN_S))
+                    None, lambda: self.link.member.drain(self.node_id, timeout=self.config.limits.drain_timeout_s))
             except Exception as exc:
                 log.warning("could not publish a map without this node", extra={"reason": repr(exc)})
         self.datapath.drain_all()
-        deadline = time.monotonic() + GRACEFUL_DRAIN_S
+        deadline = time.monotonic() + self.config.limits.drain_timeout_s
         while self.datapath.connections and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
 
     async def shutdown(self) -> None:
-        log.info("stopping: draining clients first", extra={"node": self.node_id, "drain_timeout_s": GRACEFUL_DRAIN_S})
+        log.info("stopping: draining clients first",
+                 extra={"node": self.node_id, "drain_timeout_s": self.config.limits.drain_timeout_s})
         self.ready = False
         await self.graceful_drain()
         if self.admin is not None:

@@ -143,6 +143,10 @@ class NodeStatus:
     effective: dict[str, Any] | None = None  # the member's serving map, membership's shape
     events: tuple[dict[str, Any], ...] = ()  # membership events: t (monotonic), ts_ns (wall), event, ...
     now: float | None = None  # the member's monotonic clock when this was taken
+    # State formats (membership.formats): the fleet's committed one, this node's range, each member's.
+    state_format: int | None = None
+    supported_formats: str | None = None
+    member_formats: dict[str, str] = attrs.field(factory=dict)
     # ---- a node running data-path worker processes only: epoch/assignment above are then
     # the newest map every ready worker acknowledged
     workers: tuple[WorkerRow, ...] = ()
@@ -198,7 +202,9 @@ def node_status(datapath: DataPathStatus, serving: ServingMap, member: MemberSta
         role=m["role"], term=m["term"], leader=m["leader"], has_quorum=m["has_quorum"], degraded=m["degraded"],
         committed_epoch=m["epoch"], committed_assignment=m["assignment"],
         members={k: MemberRow.from_json(v) for k, v in m["members"].items()}, draining_nodes=m["draining"],
-        peers=m["peers"], effective=m["effective"], events=tuple(m["events"]), now=m["now"], **common)
+        peers=m["peers"], effective=m["effective"], events=tuple(m["events"]), now=m["now"],
+        state_format=m["state_format"], supported_formats=m["supported_formats"], member_formats=m["member_formats"],
+        **common)
 
 
 @attrs.frozen
@@ -246,6 +252,8 @@ class FleetView:
     brokers: tuple[BrokerRow, ...]
     bootstrap: tuple[str, ...] = attrs.field(converter=_strs)
     members: dict[str, MemberRow] = attrs.field(factory=dict)
+    state_format: int | None = None  # the fleet's committed state format (membership.formats)
+    member_formats: dict[str, str] = attrs.field(factory=dict)  # each member's advertised range
 
     @classmethod
     def build(cls, endpoints: Iterable[NodeEndpoint], statuses: Mapping[str, NodeStatus | None],
@@ -269,7 +277,9 @@ class FleetView:
                 standing_in=s.standing_in if s else ()))
         return cls(epoch=source.epoch if source else None, leader=source.leader if source else None,
                    assignment=assignment, nodes=tuple(nodes), brokers=source.brokers if source else (),
-                   bootstrap=tuple(bootstrap), members=members)
+                   bootstrap=tuple(bootstrap), members=members,
+                   state_format=source.state_format if source else None,
+                   member_formats=dict(source.member_formats) if source else {})
 
     def node(self, node_id: str) -> NodeRow | None:
         return next((n for n in self.nodes if n.id == node_id), None)
@@ -308,4 +318,5 @@ class FleetView:
     def to_json(self) -> dict[str, Any]:
         return {"epoch": self.epoch, "leader": self.leader, "assignment": dict(self.assignment),
                 "nodes": [n.to_json() for n in self.nodes], "brokers": [b.to_json() for b in self.brokers],
-                "bootstrap": list(self.bootstrap), "members": {k: m.to_json() for k, m in self.members.items()}}
+                "bootstrap": list(self.bootstrap), "members": {k: m.to_json() for k, m in self.members.items()},
+                "state_format": self.state_format, "member_formats": dict(self.member_formats)}

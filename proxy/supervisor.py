@@ -43,8 +43,9 @@ from typing import Any
 import attrs
 
 from membership.serving import ServingMap
+from proxy import logs
 from proxy.admin import AdminServer
-from proxy.config import Config, http_url
+from proxy.config import Config, ConfigError, http_url
 from proxy.datapath import DataPathStatus
 from proxy.metrics import render_families, worker_restarts_family
 from proxy.status import NodeStatus, WorkerRow, node_status
@@ -62,6 +63,7 @@ from proxy.worker_wire import (
     Channel,
     LearnBrokers,
     Ready,
+    Reload,
     Stop,
     WorkerReport,
     WorkerSetup,
@@ -71,7 +73,6 @@ from proxy.worker_wire import (
 log = logging.getLogger("kproxy.supervisor")
 SIGNALS = {"KILL": signal.SIGKILL, "STOP": signal.SIGSTOP, "TERM": signal.SIGTERM}
 KILL_DELAY_S = 0.1  # POST /kill: the answer goes out first
-GRACEFUL_DRAIN_S = 5.0
 START_TIMEOUT_S = 120.0  # every worker discovers the brokers and binds (discovery alone may take 60 s)
 ASK_TIMEOUT_S = 2.0  # a worker that does not answer (stopped, busy) is reported without its figures
 STOP_TIMEOUT_S = 5.0
@@ -111,6 +112,7 @@ class Supervisor:
         self.ready = False
         self._stopping = False
         self._stopped = asyncio.Event()
+        self.refused: Exception | None = None  # membership.member.FormatRefused
         self._ask_ids = itertools.count()
 
     # ------------------------------------------------------------- workers
@@ -306,6 +308,40 @@ class Supervisor:
             raise LookupError(f"no node {target!r} in the fleet")
         return {"node": target, "epoch": self.member.drain(target)}  # the workers drain on seeing the map
 
+    def reload(self, trigger: str) -> dict[str, Any]:
+        """SIGHUP or POST /reload (on the loop): every worker reads its certificates again and
+        gets the reloadable fields of the file (proxy.reload), as do workers started later. A
+        file that does not load leaves the running config as it is (ConfigError out)."""
+        from proxy.runtime import log_reload, read_reload
+
+        try:
+            plan = read_reload(self.config)
+        except ConfigError as exc:
+            log.error("config not reloaded: the running config stays", extra={"trigger": trigger,
+                                                                             "reason": str(exc)})
+            self._send_all(Reload(None))
+            raise
+        self.config = plan.config
+        logs.set_level(plan.config.log_level)
+        if self.admin is not None:
+            self.admin.token = plan.config.admin_token
+        workers = self._send_all(Reload(plan.config))
+        log_reload(plan, trigger, workers=workers)
+        return {"node": self.node_id, **plan.to_json(), "workers": workers}
+
+    def _send_all(self, message: object) -> int:
+        """To every ready worker; how many (a worker starting now gets ``self.config`` anyway)."""
+        ready = [h for h in self.handles.values() if h.ready]
+        for handle in ready:
+            handle.channel.send(message)
+        return len(ready)
+
+    def _on_sighup(self) -> None:
+        try:
+            self.reload("SIGHUP")
+        except ConfigError:
+            pass  # logged; the node runs on
+
     def _undrain(self, body: dict[str, Any]) -> dict[str, Any]:
         target = str(body.get("node", self.node_id))
         if self.member is None:
@@ -322,16 +358,22 @@ class Supervisor:
         await self._wait(lambda: len(self.handles) == self.count and all(h.ready for h in self.handles.values()),
                          START_TIMEOUT_S, "every worker ready")
         if self.fleet:
-            await self._start_member()
+            try:
+                await self._start_member()
+            except Exception:  # membership.member.FormatRefused: not a member of this fleet
+                await self.shutdown()
+                raise
         if self.local.admin_port is not None:
             self.admin = AdminServer(
                 self.local.host, self.local.admin_port, token=self.config.admin_token,
                 status=lambda: self._call(self.node_status).to_json(), metrics=lambda: self._call(self.metrics),
-                ready=self._ready, actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain})
+                ready=self._ready, actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain,
+                                            "reload": lambda _body: self._call(self._reload_async)})
             self.admin.start()
         self.ready = True
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopped.set)
+        self.loop.add_signal_handler(signal.SIGHUP, self._on_sighup)  # certificates and config (proxy.reload)
         log.info("node ready", extra={"node": self.node_id, "workers": self.count,
                                       "pids": sorted(h.pid for h in self.handles.values()),
                                       "admin": self.admin.address if self.admin else None})
@@ -339,16 +381,30 @@ class Supervisor:
             await self._stopped.wait()
         finally:
             await self.shutdown()
+        if self.refused is not None:
+            raise self.refused
 
     async def _start_member(self) -> None:
-        from membership.member import Member
+        from membership.member import FormatRefused, Member
         from proxy.member_link import member_config, rejoin, start_member
+        from proxy.runtime import JOIN_WAIT_S, await_admission, node_formats
 
         assert self.loop is not None
-        member = Member(member_config(self.config, self.node_id))
-        await self.loop.run_in_executor(None, start_member, member, self.local.host, sorted(self.brokers.values()))
-        self.member = member
         loop = self.loop
+        member = Member(member_config(self.config, self.node_id), formats=node_formats())
+        await self.loop.run_in_executor(None, start_member, member, self.local.host, sorted(self.brokers.values()))
+        try:  # serve only in a fleet whose state format this node reads (proxy.runtime, the same rule)
+            joined = await self.loop.run_in_executor(None, member.wait_joined, JOIN_WAIT_S)
+        except FormatRefused:
+            member.stop()
+            raise
+        if not joined:
+            def refused(exc: Exception) -> None:
+                self.refused = exc
+                loop.call_soon_threadsafe(self._stopped.set)
+
+            self.loop.run_in_executor(None, await_admission, member, self._stopped.is_set, refused)
+        self.member = member
         member.subscribe(lambda snapshot: loop.call_soon_threadsafe(self._push, snapshot))
         loop.run_in_executor(None, rejoin, member, self.node_id, self._stopped.is_set)
 
@@ -359,6 +415,9 @@ class Supervisor:
                 raise OSError(f"node {self.node_id}: not {what} within {timeout:.0f} s")
             await asyncio.sleep(0.05)
 
+    async def _reload_async(self) -> dict[str, Any]:
+        return self.reload("admin")
+
     async def _connections(self) -> int:
         return sum(r.status.connections for r in (await self.ask_all(ASK_STATUS)).values()
                    if isinstance(r, WorkerReport))
@@ -367,13 +426,15 @@ class Supervisor:
         """SIGTERM: publish a map without this node, drain every worker's clients, then stop the workers."""
         self.ready = False
         assert self.loop is not None
-        if self.member is not None and self.member.status().view.has_quorum:
+        # A refused node is no member of this fleet: nothing of it to move.
+        if self.member is not None and self.refused is None and self.member.status().view.has_quorum:
             try:
-                await self.loop.run_in_executor(None, lambda: self.member.drain(self.node_id, timeout=GRACEFUL_DRAIN_S))
+                timeout = self.config.limits.drain_timeout_s
+                await self.loop.run_in_executor(None, lambda: self.member.drain(self.node_id, timeout=timeout))
             except Exception as exc:
                 log.warning("could not publish a map without this node", extra={"reason": repr(exc)})
         await self.ask_all(ASK_DRAIN_ALL)
-        deadline = time.monotonic() + GRACEFUL_DRAIN_S
+        deadline = time.monotonic() + self.config.limits.drain_timeout_s
         while time.monotonic() < deadline and await self._connections():
             await asyncio.sleep(0.05)
         self._stopping = True

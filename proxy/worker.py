@@ -21,6 +21,7 @@ import signal
 import socket
 import sys
 
+import attrs
 import uvloop
 
 from membership.serving import ServingMap
@@ -40,6 +41,7 @@ from proxy.worker_wire import (
     FrameReader,
     LearnBrokers,
     Ready,
+    Reload,
     Stop,
     WorkerReport,
     WorkerSetup,
@@ -94,6 +96,8 @@ class Worker:
         loop.add_signal_handler(signal.SIGTERM, self._stopped.set)
         # Ctrl-C reaches the whole process group: the supervisor drains and then stops the workers.
         loop.add_signal_handler(signal.SIGINT, lambda: None)
+        # A SIGHUP sent to the node's process group: the supervisor reloads and tells the workers.
+        loop.add_signal_handler(signal.SIGHUP, lambda: None)
         try:
             await self._stopped.wait()
         finally:
@@ -119,6 +123,12 @@ class Worker:
             self.datapath.registry.spawn(self.datapath.discovery.learn(list(message.brokers)))
         elif isinstance(message, Ask):
             self.channel.send(Answer(message.id, self._answer(message.what)))
+        elif isinstance(message, Reload):
+            self.datapath.reload_certificates()
+            if message.config is not None:
+                logs.set_level(message.config.log_level)
+                self.datapath.reconfigure(message.config)
+                log.info("config reloaded", extra={"limits": attrs.asdict(message.config.limits)})
         elif isinstance(message, Stop):
             self._stopped.set()
         else:

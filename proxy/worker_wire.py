@@ -7,7 +7,7 @@ supervisor and inherited by the worker it spawns, nobody else holds an end.
 protocol around it, used at both ends.
 
 Supervisor -> worker: :class:`WorkerSetup` (first, once), :class:`ApplyMap`,
-:class:`LearnBrokers`, :class:`Ask`, :class:`Stop`. Worker -> supervisor: :class:`Ready`,
+:class:`LearnBrokers`, :class:`Ask`, :class:`Reload`, :class:`Stop`. Worker -> supervisor: :class:`Ready`,
 :class:`Applied`, :class:`BrokersChanged`, :class:`Answer`.
 """
 
@@ -69,6 +69,14 @@ class Ask:
 
 ASK_STATUS, ASK_METRICS, ASK_DRAIN_ALL = "status", "metrics", "drain_all"
 ASKS = frozenset({ASK_STATUS, ASK_METRICS, ASK_DRAIN_ALL})
+
+
+@attrs.frozen
+class Reload:
+    """SIGHUP or POST /reload at the supervisor: read the certificates again and, unless None,
+    run with ``config`` (proxy.reload.plan_reload's: the reloadable fields of the file)."""
+
+    config: Config | None
 
 
 @attrs.frozen

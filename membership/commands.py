@@ -7,7 +7,11 @@ and every replica applies the same sequence. Two kinds:
   ``SetBrokers``, ``Drain``, ``Undrain``. They change facts only, never the
   owners table (except that ``SetBrokers`` forgets owners of removed brokers).
 * **Leader decisions** (conditional on ``expected_epoch``, idempotent):
-  ``MarkDown``, ``MarkUp``, ``Reassign``. They carry the owners table the
+  ``MarkDown``, ``MarkUp``, ``Reassign``.
+* **Membership changes** (one at a time, membership/roster.py decides when one is
+  allowed): ``BeginAdd`` (conditional on the epoch; the new Raft member list),
+  ``BeginRemove`` (conditional; the node starts draining), ``FinishRemove``
+  (idempotent; the node leaves the state). They carry the owners table the
   leader computed with ``topology.assign``, so the log holds data, not a
   recomputation that could differ between code versions. A decision based on
   a stale epoch is rejected and the leader re-plans from the fresh state.
@@ -19,6 +23,7 @@ from collections.abc import Iterable
 
 import attrs
 
+from membership.config import MemberSpec
 from topology import Broker, BrokerId, ProxyId, ProxyNode, freeze_owners
 
 Owners = tuple[tuple[BrokerId, ProxyId], ...]
@@ -93,7 +98,46 @@ class Reassign:
     owners: Owners = attrs.field(converter=freeze_owners)
 
 
-Command = Join | SetBrokers | Drain | Undrain | MarkDown | MarkUp | Reassign
+ADD = "add"
+REMOVE = "remove"
+
+
+@attrs.frozen(slots=True)
+class MemberChange:
+    """The membership change in flight: ``kind`` ADD or REMOVE of ``node``."""
+
+    kind: str
+    node: ProxyId
+
+
+@attrs.frozen(slots=True)
+class BeginAdd:
+    """A node is added: the Raft members are now ``roster`` (the current ones and
+    ``roster``'s new entry); the change stays in flight until the node is marked up."""
+
+    node_id: ProxyId
+    roster: tuple[MemberSpec, ...] = attrs.field(converter=tuple)
+    expected_epoch: int
+
+
+@attrs.frozen(slots=True)
+class BeginRemove:
+    """A node is removed: it starts draining at once (its identities move away
+    by the planner's next table); ``roster`` is the member list it is removed from."""
+
+    node_id: ProxyId
+    roster: tuple[MemberSpec, ...] = attrs.field(converter=tuple)
+    expected_epoch: int
+
+
+@attrs.frozen(slots=True)
+class FinishRemove:
+    """The node being removed has left Raft: forget it (members, roster, up, draining)."""
+
+    node_id: ProxyId
+
+
+Command = Join | SetBrokers | Drain | Undrain | MarkDown | MarkUp | Reassign | BeginAdd | BeginRemove | FinishRemove
 
 APPLIED = "applied"
 UNCHANGED = "unchanged"

@@ -10,8 +10,11 @@ order, on the pysyncobj tick thread). Pitfalls handled here (DESIGN §9):
   member's own Raft address;
 * batching adds ~100 ms per commit -> ``appendEntriesUseBatch=False``;
 * ``connectionRetryTime`` 5 s, ``leaderFallbackTimeout`` 30 s -> tuned down;
-* static membership only (``dynamicMembershipChange=False``): adding an
-  unreachable node would silently grow the quorum.
+* dynamic membership (``dynamicMembershipChange=True``): a change counts as
+  soon as it is in the leader's log, and adding an unreachable node silently
+  grows the quorum, so changes go one at a time and only when the nodes alive
+  now can commit in the new configuration (membership/roster.py decides;
+  :meth:`RaftReplica.change_members` executes).
 
 Every access to pysyncobj's private, name-mangled internals lives in
 :class:`RaftReplica` (``role``, ``leader_address``, ``keep_links_open``,
@@ -37,7 +40,10 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 
 from membership.commands import (
     REJECTED,
+    BeginAdd,
+    BeginRemove,
     Drain,
+    FinishRemove,
     Join,
     MarkDown,
     MarkUp,
@@ -71,7 +77,7 @@ def syncobj_conf(config: MemberConfig) -> SyncObjConf:
         connectionTimeout=config.connection_timeout,
         connectionRetryTime=config.connection_retry_time,
         leaderFallbackTimeout=config.leader_fallback_timeout,
-        dynamicMembershipChange=False,
+        dynamicMembershipChange=True,
         commandsWaitLeader=True,
         # Bounded bind retries: a port in use is reported by start(), not retried forever.
         bindRetryTime=0.1,
@@ -133,6 +139,39 @@ class RaftReplica(SyncObj):
     @replicated
     def reassign(self, command: Reassign) -> Result:
         return self._apply(command, Reassign)
+
+    @replicated
+    def begin_add(self, command: BeginAdd) -> Result:
+        return self._apply(command, BeginAdd)
+
+    @replicated
+    def begin_remove(self, command: BeginRemove) -> Result:
+        return self._apply(command, BeginRemove)
+
+    @replicated
+    def finish_remove(self, command: FinishRemove) -> Result:
+        return self._apply(command, FinishRemove)
+
+    # ---- Raft membership (pysyncobj's dynamic membership) --------------------------------------
+
+    def raft_members(self) -> frozenset[str]:
+        """Raft addresses of the members in this replica's configuration, itself included
+        (the configuration of its log: a change counts from the moment it is appended)."""
+        return frozenset([self.selfNode.address, *(n.address for n in list(self.otherNodes))])
+
+    def change_members(self, add: bool, raft_address: str, callback: Callable[[Any, int], None]) -> None:
+        """Propose adding or removing one Raft member (forwarded to the leader if
+        we are not it). pysyncobj denies it (REQUEST_DENIED) while another change
+        is uncommitted, when the node is already in (add) or out (remove), and
+        when the leader is asked to remove itself (:meth:`hand_over_leadership` first)."""
+        if add:
+            self.addNodeToCluster(raft_address, callback=callback)
+        else:
+            self.removeNodeFromCluster(raft_address, callback=callback)
+
+    def hand_over_leadership(self, callback: Callable[[Any, int], None]) -> None:
+        """Leader only: make the most caught-up connected follower leader (Raft TimeoutNow)."""
+        self.transferLeadership(None, callback=callback)
 
     # ---- pysyncobj internals, in one place ----------------------------------------------------
 
@@ -236,6 +275,9 @@ class RaftReplica(SyncObj):
         callback runs on the tick thread, so no extra thread is needed."""
         self._poller.subscribe(fd, callback, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
 
+    def unsubscribe_fd(self, fd: int) -> None:
+        self._poller.unsubscribe(fd)
+
     def submit(self, command: object, callback) -> None:
         """Propose ``command`` through the replicated method of its type."""
         method = {
@@ -246,6 +288,9 @@ class RaftReplica(SyncObj):
             MarkDown: self.mark_down,
             MarkUp: self.mark_up,
             Reassign: self.reassign,
+            BeginAdd: self.begin_add,
+            BeginRemove: self.begin_remove,
+            FinishRemove: self.finish_remove,
         }[type(command)]
         method(command, callback=callback)
 

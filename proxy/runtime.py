@@ -17,7 +17,7 @@ from typing import Any
 
 import uvloop
 
-from proxy.admin import AdminServer
+from proxy.admin import AdminServer, membership_actions
 from proxy.config import Config, http_url
 from proxy.datapath import DataPath
 from proxy.status import NodeStatus, node_status
@@ -108,7 +108,8 @@ class NodeRuntime:
                 self.local.host, self.local.admin_port, token=self.config.admin_token,
                 status=lambda: self.status().to_json(),
                 metrics=self.datapath.metrics.render, ready=self._ready,
-                actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain},
+                actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain,
+                         **membership_actions(lambda: self.link.member if self.link is not None else None)},
                 ssl_context=admin_context(self.config.security.admin)
                 if self.config.security is not None and self.config.security.admin is not None else None)
             self.admin.start()

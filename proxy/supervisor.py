@@ -43,7 +43,7 @@ from typing import Any
 import attrs
 
 from membership.serving import ServingMap
-from proxy.admin import AdminServer
+from proxy.admin import AdminServer, membership_actions
 from proxy.config import Config, http_url
 from proxy.datapath import DataPathStatus
 from proxy.metrics import render_families, worker_restarts_family
@@ -321,7 +321,8 @@ class Supervisor:
             self.admin = AdminServer(
                 self.local.host, self.local.admin_port, token=self.config.admin_token,
                 status=lambda: self._call(self.node_status).to_json(), metrics=lambda: self._call(self.metrics),
-                ready=self._ready, actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain})
+                ready=self._ready, actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain,
+                         **membership_actions(lambda: self.member)})
             self.admin.start()
         self.ready = True
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -4,7 +4,10 @@ a light module the CLI reads for its options without importing the drill machine
 from __future__ import annotations
 
 CASCADES = ("kill-two", "freeze-two", "leader-kill-two")  # two nodes of three, one after the other
-FAULTS = ("kill", "freeze", "partition", "leader-kill", "broker-kill", "drain", "rolling-restart") + CASCADES
+# Live membership (issue 15): the fleet grows by two nodes and shrinks back, one change at a time.
+MEMBERSHIP_CHANGES = ("grow-shrink",)
+FAULTS = (("kill", "freeze", "partition", "leader-kill", "broker-kill", "drain", "rolling-restart") + CASCADES
+          + MEMBERSHIP_CHANGES)
 CONTROLS = ("none",)  # no fault: a baseline
 FLEET_FAULTS = frozenset(FAULTS) - {"broker-kill"}
 

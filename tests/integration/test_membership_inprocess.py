@@ -1,4 +1,4 @@
-"""Live membership changes with real pysyncobj, members in this process on 127.0.0.111-115.
+"""Live membership changes with real pysyncobj, members in this process on 127.0.0.115-119.
 
 Grow 3 -> 5 and shrink back to 3 without restarting a member; a member started from
 the old (three-member) file learns the current members from the fleet."""
@@ -17,7 +17,7 @@ from topology import Broker, ProxyNode
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(90)]
 
-HOSTS = {"a": "127.0.0.111", "b": "127.0.0.112", "c": "127.0.0.113", "d": "127.0.0.114", "e": "127.0.0.115"}
+HOSTS = {"a": "127.0.0.115", "b": "127.0.0.116", "c": "127.0.0.117", "d": "127.0.0.118", "e": "127.0.0.119"}
 BROKERS = [Broker(i, f"kafka{i}", 9092) for i in (1, 2, 3, 4, 5)]
 PASSWORD = "membership-secret"
 

@@ -142,7 +142,7 @@ def test_heartbeat_liveness_rules():
 
 def test_syncobj_conf_is_what_the_design_asks_of_pysyncobj():
     """DESIGN §9: a password (pickle on the wire), the member's own bind address (not 0.0.0.0),
-    no batching (~100 ms per commit), static membership, and the tuned timeouts, not pysyncobj's
+    no batching (~100 ms per commit), dynamic membership (live add-node/remove-node), and the tuned timeouts, not pysyncobj's
     defaults (leaderFallbackTimeout 30 s, connectionRetryTime 5 s)."""
     from membership.raft import syncobj_conf
 

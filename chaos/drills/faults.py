@@ -44,8 +44,10 @@ freeze-two         the same with SIGSTOP (SIGCONT both at the end)
 leader-kill-two    the same with the Raft leader as each victim
 grow-shrink        live membership: add two proxy nodes one at a time (admin
                    add-node, then the process; identities move to them by
-                   planned moves), then remove them (drained, then removed from
-                   Raft, then stopped); one ``fault`` event per change. Local
+                   planned moves), then remove as many original nodes, the last
+                   first (drained: their identities move by planned moves; then
+                   removed from Raft; then stopped); one ``fault`` event per
+                   change. Local
                    loopback fleets only (the new nodes take the next addresses)
 none               the control (not in ``FAULTS``): a ``fault`` event naming a
                    random live proxy and nothing else, then as long as a drain
@@ -426,7 +428,9 @@ async def grow_shrink(ctx: FaultContext) -> None:
     added = [f"p{len(base) + i + 1}" for i in range(GROW_BY)]
     for i, node in enumerate(added):
         await _member_change(ctx, node, ctx.fleet.add_node, node, f"{prefix}.{int(last) + i + 1}")
-    for node in reversed(added):
+    # The shrink removes original nodes: each owns identities, so its removal moves them by
+    # planned moves (the drain), and one of them may be the Raft leader (it hands over first).
+    for node in list(reversed(base))[:GROW_BY]:
         await _member_change(ctx, node, ctx.fleet.remove_node, node)
 
 

@@ -100,3 +100,22 @@ def test_refused_when_the_rest_could_not_form_a_majority(specs):
     finally:
         for m in members.values():
             m.stop()
+
+
+def test_removing_the_leader_hands_leadership_over_first(specs):
+    """pysyncobj cannot remove its own leader: the leader being removed hands over once it
+    owns nothing (control.HandOver), then the member running the removal completes it."""
+    four = [specs[p] for p in "abcd"]
+    members = {p: start(p, four) for p in "abcd"}
+    try:
+        wait_until("four settled", lambda: agreed(members, set("abcd")))
+        leader = next(m.node_id for m in members.values() if m.is_leader())
+        via = members[next(p for p in members if p != leader)]
+        via.remove_member(leader, timeout=20)
+        members.pop(leader).stop()
+        rest = set("abcd") - {leader}
+        wait_until("the old leader out, a new one in", lambda: agreed(members, rest)
+                   and any(m.is_leader() for m in members.values()))
+    finally:
+        for m in members.values():
+            m.stop()

@@ -21,7 +21,7 @@ SUBCOMMANDS: dict[str, str] = {
     "run": "cli.run_cmd:run",
     "bench": "cli.bench_cmd:bench",
     "fleet": "cli.fleet_cmd:fleet",
-    "cluster": "cli.fleet_cmd:cluster",
+    "cluster": "cli.members_cmd:cluster",  # fleet_cmd's group with add-node/remove-node
     "drill": "cli.drill_cmd:drill",
     "demo": "cli.demo_cmd:demo",
 }

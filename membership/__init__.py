@@ -30,6 +30,10 @@ proxy_id`` with an epoch that grows by one on every accepted change.
   quorum, the last committed table with the identities of unreachable owners
   taken over by reachable nodes; advertised addresses, vacant nodes and
   stand-in duties.
+* ``roster`` — live membership changes (add or remove one node at a time,
+  refused when the nodes alive now could not commit in the new configuration);
+  the committed ``FleetState.roster`` is the members every node follows
+  (heartbeat peers, quorum count), pysyncobj's dynamic membership the Raft side.
 * ``control.MemberCore`` — one member's decisions, sans-IO: join and plan
   gating, suspicion, the quorum lease, election hastening, the serving map.
 * ``raft`` — the thin ``SyncObj`` subclass (one ``@replicated`` method per
@@ -38,7 +42,7 @@ proxy_id`` with an epoch that grows by one on every accepted change.
   executes ``MemberCore``'s actions; ``status.MemberStatus`` its typed status;
   ``standalone`` runs one member driven by JSON lines.
 
-The pure modules (state, commands, formats, planner, effective, serving, control,
+The pure modules (state, commands, formats, planner, roster, effective, serving, control,
 status, sim) import neither pysyncobj nor sockets; ``sim`` is the seeded
 fleet simulator (``python -m membership.sim --seed N``) that runs them under
 faults.

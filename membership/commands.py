@@ -7,7 +7,11 @@ and every replica applies the same sequence. Two kinds:
   ``SetBrokers``, ``Drain``, ``Undrain``. They change facts only, never the
   owners table (except that ``SetBrokers`` forgets owners of removed brokers).
 * **Leader decisions** (conditional on ``expected_epoch``, idempotent):
-  ``MarkDown``, ``MarkUp``, ``Reassign``. They carry the owners table the
+  ``MarkDown``, ``MarkUp``, ``Reassign``.
+* **Membership changes** (one at a time, membership/roster.py decides when one is
+  allowed): ``BeginAdd`` (conditional on the epoch; the new Raft member list),
+  ``BeginRemove`` (conditional; the node starts draining), ``FinishRemove``
+  (idempotent; the node leaves the state). They carry the owners table the
   leader computed with ``topology.assign``, so the log holds data, not a
   recomputation that could differ between code versions. A decision based on
   a stale epoch is rejected and the leader re-plans from the fresh state.
@@ -26,6 +30,7 @@ from typing import ClassVar
 
 import attrs
 
+from membership.config import MemberSpec
 from membership.formats import FIRST_FORMAT, SUPPORTED, FormatRange, readable_across_formats
 from topology import Broker, BrokerId, ProxyId, ProxyNode, freeze_owners
 
@@ -129,7 +134,58 @@ class SetFormat:
     expected_epoch: int
 
 
-Command = Join | SetBrokers | Drain | Undrain | MarkDown | MarkUp | Reassign | SetFormat
+ADD = "add"
+REMOVE = "remove"
+
+
+@readable_across_formats
+@attrs.frozen(slots=True)
+class MemberChange:
+    """The membership change in flight: ``kind`` ADD or REMOVE of ``node``."""
+
+    kind: str
+    node: ProxyId
+
+
+@readable_across_formats
+@attrs.frozen(slots=True)
+class BeginAdd:
+    """A node is added: the Raft members are now ``roster`` (the current ones and
+    ``roster``'s new entry); the change stays in flight until the node is marked up."""
+
+    SINCE_FORMAT: ClassVar[int] = FIRST_FORMAT
+
+    node_id: ProxyId
+    roster: tuple[MemberSpec, ...] = attrs.field(converter=tuple)
+    expected_epoch: int
+
+
+@readable_across_formats
+@attrs.frozen(slots=True)
+class BeginRemove:
+    """A node is removed: it starts draining at once (its identities move away
+    by the planner's next table); ``roster`` is the member list it is removed from."""
+
+    SINCE_FORMAT: ClassVar[int] = FIRST_FORMAT
+
+    node_id: ProxyId
+    roster: tuple[MemberSpec, ...] = attrs.field(converter=tuple)
+    expected_epoch: int
+
+
+@readable_across_formats
+@attrs.frozen(slots=True)
+class FinishRemove:
+    """The node being removed has left Raft: forget it (members, roster, up, draining)."""
+
+    SINCE_FORMAT: ClassVar[int] = FIRST_FORMAT
+
+    node_id: ProxyId
+
+
+Command = (Join | SetBrokers | Drain | Undrain | MarkDown | MarkUp | Reassign | SetFormat | BeginAdd | BeginRemove
+           | FinishRemove)
+
 
 APPLIED = "applied"
 UNCHANGED = "unchanged"

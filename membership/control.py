@@ -10,7 +10,7 @@ term, committed state); besides, the local brokers (:meth:`set_brokers`) and
 the results of the commands it asked to submit (:meth:`join_done`,
 :meth:`plan_done`). Actions, in the order the shell must execute them:
 :class:`KeepLinksOpen`, :class:`Emit`, :class:`HastenElection`,
-:class:`SubmitJoin`, :class:`SubmitPlan`, :class:`NewState`, :class:`Publish`.
+:class:`SubmitJoin`, :class:`SubmitPlan`, :class:`NewRoster`, :class:`NewState`, :class:`Publish`.
 
 What it decides:
 
@@ -22,8 +22,12 @@ What it decides:
 * **Raft links kept open** every ``connection_timeout / 4``: those to live
   peers (see :class:`KeepLinksOpen`);
 * **join gating**: propose our own ``Join`` (with the state formats this node
-  reads) until the committed state holds it; a committed state whose format this
-  node cannot read makes it refuse to serve (:class:`Refuse`, once);
+  reads) until the committed state holds it (never once the committed roster no
+  longer lists us: a removed node); a committed state whose format this node
+  cannot read makes it refuse to serve (:class:`Refuse`, once);
+* **the roster**: the members are the committed ``state.roster`` once a live
+  membership change was made (the configured ones before): the quorum count,
+  the peers tracked and the nodes' addresses follow it (:class:`NewRoster`);
 * **plan gating**: on the leader only, after warm-up, one command in flight
   with a deadline, re-planned at least every ``PLAN_INTERVAL_S``; when the
   planner has nothing to do, a state format upgrade every member supports
@@ -40,8 +44,8 @@ from typing import Any
 
 import attrs
 
-from membership.commands import APPLIED, REJECTED, Command, Join, Result, SetFormat
-from membership.config import MemberConfig
+from membership.commands import APPLIED, REJECTED, REMOVE, Command, Join, MemberChange, Result, SetFormat
+from membership.config import MemberConfig, MemberSpec
 from membership.effective import QuorumLease, build_serving_map, committed_is_sane, committed_vacant
 from membership.formats import SUPPORTED, FormatRange, next_format, refusal
 from membership.planner import Planner
@@ -53,6 +57,8 @@ from topology import Broker, ProxyId
 PLAN_INTERVAL_S = 0.1
 # Survivors of a dead leader ask for votes this far apart, in id order (MemberCore._hasten).
 HASTEN_SPACING_S = 0.1
+# A leader being removed asks a follower to take over this often until one has.
+HAND_OVER_RETRY_S = 0.2
 # A failed Join is retried after this long (a successful one: at the next tick, if still needed).
 JOIN_RETRY_S = 0.2
 
@@ -137,6 +143,18 @@ class Emit:
 
 
 @attrs.frozen(slots=True)
+class HandOver:
+    """This leader is being removed and owns nothing: make a caught-up follower leader."""
+
+
+@attrs.frozen(slots=True)
+class NewRoster:
+    """The committed members changed (a live membership change): beat to these peers."""
+
+    members: tuple[MemberSpec, ...]
+
+
+@attrs.frozen(slots=True)
 class NewState:
     """The committed state changed (wake whoever waits on it)."""
 
@@ -158,7 +176,8 @@ class Refuse:
     reason: str
 
 
-Action = KeepLinksOpen | HastenElection | SubmitJoin | SubmitPlan | Emit | NewState | Publish | Refuse
+Action = (KeepLinksOpen | HastenElection | SubmitJoin | SubmitPlan | HandOver | Emit | NewRoster | NewState
+          | Publish | Refuse)
 
 
 def _emit(now: float, event: str, **fields: Any) -> Emit:
@@ -176,6 +195,8 @@ class MemberCore:
         self._all_ids = frozenset(m.id for m in config.members)
         self._peer_ids = tuple(m.id for m in config.peers)
         self._configured = config.nodes()
+        self.roster: tuple[MemberSpec, ...] = tuple(config.members)
+        self.live: frozenset[ProxyId] = frozenset([self.node_id])
         self._planner = Planner(config.rebalance_delay, broker_grace=config.broker_grace)
         self._tokens = itertools.count(1)
         self._started_at = now
@@ -194,6 +215,7 @@ class MemberCore:
         self._next_join_at = 0.0
         self._next_keepalive = 0.0
         self._next_plan_at = 0.0
+        self._next_hand_over = 0.0
         self._plan_key: tuple = ()
         self._map_key: tuple = ()
         self._sane_key: tuple = ()
@@ -242,6 +264,9 @@ class MemberCore:
         """``live``: this node and every peer whose heartbeat is fresh; ``heard_all``:
         every peer has been heard at least once since this process started."""
         out: list[Action] = []
+        if raft.state.roster and raft.state.roster != self.roster:
+            self._adopt_roster(raft.state.roster, now, out)
+        self.live = live
         if now >= self._next_keepalive:
             self._next_keepalive = now + self.config.connection_timeout / 4
             out.append(KeepLinksOpen(frozenset(live & self._all_ids) - {self.node_id}))
@@ -274,6 +299,7 @@ class MemberCore:
                 self._planner.reset()
                 self._was_leader = True
             self._maybe_plan(state, live, heard_all, now, out)
+            self._maybe_hand_over(state, now, out)
         elif self._was_leader:
             self._planner.reset()
             self._was_leader = False
@@ -283,6 +309,28 @@ class MemberCore:
             out.append(NewState(state))
         self._update_map(state, live, degraded, now, out)
         return out
+
+    def _maybe_hand_over(self, state: FleetState, now: float, out: list[Action]) -> None:
+        """Raft cannot remove its own leader (pysyncobj denies it): a leader being
+        removed hands over once its identities are gone, then a follower removes it."""
+        if state.change != MemberChange(REMOVE, self.node_id) or now < self._next_hand_over:
+            return
+        if self.node_id in state.repaired().values():
+            return
+        self._next_hand_over = now + HAND_OVER_RETRY_S
+        out.append(_emit(now, "hand_over"))
+        out.append(HandOver())
+
+    def _adopt_roster(self, roster: tuple[MemberSpec, ...], now: float, out: list[Action]) -> None:
+        self.roster = roster
+        self._all_ids = frozenset(m.id for m in roster)
+        self._peer_ids = tuple(m.id for m in roster if m.id != self.node_id)
+        self._configured = {m.id: m.node for m in roster}
+        for gone in set(self._peer_live) - self._all_ids:
+            self._peer_live.pop(gone, None)
+            self.peer_changed_at.pop(gone, None)
+        out.append(_emit(now, "roster", members=sorted(self._all_ids)))
+        out.append(NewRoster(tuple(m for m in roster if m.id != self.node_id)))
 
     def _hasten(self, live: frozenset[ProxyId], leader: ProxyId) -> HastenElection:
         """Our heartbeat saw the leader die (its port refuses a probe): start the
@@ -325,6 +373,8 @@ class MemberCore:
         Join (forwarded to the leader, queued while there is none); one
         attempt at a time, retried after a failure or after commit_timeout."""
         if now < self._next_join_at or self.joined(state):
+            return
+        if self.node_id not in self._all_ids:  # removed from the fleet: never come back by itself
             return
         self._next_join_at = now + self.config.commit_timeout
         self._join_token = next(self._tokens)

@@ -129,11 +129,42 @@ class Heartbeat:
         recv.setblocking(False)
         self._recv = recv
         for peer, addr in sorted(self.peers.items()):
-            s = socket.socket(family, socket.SOCK_DGRAM)
-            s.setblocking(False)
-            s.bind((host, 0))  # our own address as the source, never another alias
-            s.connect(addr)
-            self._send[peer] = s
+            self._send[peer] = self._sender(addr)
+
+    def _sender(self, addr: tuple[str, int]) -> socket.socket:
+        host, port = self.bind
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0][0]
+        s = socket.socket(family, socket.SOCK_DGRAM)
+        s.setblocking(False)
+        s.bind((host, 0))  # our own address as the source, never another alias
+        s.connect(addr)
+        return s
+
+    def set_peers(self, peers: Mapping[str, tuple[str, int]],
+                  closing: Callable[[int], None]) -> list[tuple[int, Callable[[int, int], None]]]:
+        """The fleet's members changed (a live membership change): beat to ``peers``
+        from now on. ``closing(fd)`` is called for each socket before it is closed
+        (unsubscribe it from the poller); returns the new sockets' registrations."""
+        new = dict(peers)
+        for peer in sorted(set(self.peers) - set(new)):
+            s = self._send.pop(peer, None)
+            if s is not None:
+                closing(s.fileno())
+                s.close()
+            for book in (self._heard, self._refused, self._last):
+                book.pop(peer, None)
+        added = []
+        for peer, addr in sorted(new.items()):
+            if self.peers.get(peer) != addr and peer in self._send:  # moved: a new socket
+                closing(self._send[peer].fileno())
+                self._send.pop(peer).close()
+            if peer not in self._send and self._recv is not None:
+                self._send[peer] = self._sender(addr)
+                added.append((self._send[peer].fileno(),
+                              lambda _fd, _ev, peer=peer: self.on_peer_event(peer)))
+        self.peers = new
+        self._peer_ip = {p: _ip_or_none(addr[0]) for p, addr in new.items()}
+        return added
 
     def close(self) -> None:
         for s in [self._recv, *self._send.values()]:

@@ -33,12 +33,14 @@ from typing import Any
 from pysyncobj import FAIL_REASON
 
 from membership import control
-from membership.commands import REJECTED, Command, Drain, Result, Undrain
-from membership.config import MemberConfig
+from membership.commands import (ADD, REJECTED, REMOVE, BeginAdd, BeginRemove, Command, Drain, FinishRemove,
+                                  MemberChange, Result, Undrain)
+from membership.config import MemberConfig, MemberSpec
 from membership.control import MemberCore, RaftView
 from membership.formats import SUPPORTED, FormatRange
 from membership.heartbeat import Heartbeat
 from membership.raft import RaftReplica
+from membership.roster import ChangeRefused, check_add, check_remove, current_roster
 from membership.serving import ServingMap
 from membership.state import FleetState
 from membership.status import MemberStatus, PeerStatus
@@ -225,6 +227,9 @@ class Member:
     def drain(self, node_id: str, timeout: float | None = None) -> int:
         """Move every identity away from ``node_id``; returns the epoch at which
         that is committed. Raises MembershipError if rejected, TimeoutError."""
+        state = self._core.state
+        if state.change == MemberChange(REMOVE, node_id) and node_id in state.draining:
+            return state.epoch  # being removed: drained by the removal (and perhaps cut off from Raft already)
         deadline = self._clock() + (self.config.commit_timeout if timeout is None else timeout)
         self._submit_and_wait(Drain(node_id), deadline)
         state = self._wait_state(lambda s: node_id in s.draining and s.is_valid(), deadline, f"drain {node_id}")
@@ -252,6 +257,99 @@ class Member:
         if self._core.refused is not None:
             raise FormatRefused(self._core.refused)
         return self._core.joined(self._core.state)
+
+    # ---- live membership changes (membership/roster.py has the rules) ------------------------
+
+    def roster(self) -> tuple[MemberSpec, ...]:
+        """The fleet's members as committed (the configured ones before any change)."""
+        return current_roster(self._core.state, self.config.members)
+
+    def raft_members(self) -> frozenset[str]:
+        """Raft addresses in this replica's Raft configuration (itself included)."""
+        raft = self._raft
+        if raft is None:
+            return frozenset()
+        for _ in range(10):  # the tick thread may change the set while we copy it
+            try:
+                return raft.raft_members()
+            except RuntimeError:
+                continue
+        return raft.raft_members()
+
+    def add_member(self, spec: MemberSpec, timeout: float | None = None) -> int:
+        """Add ``spec`` to the fleet: commit the new roster, then the Raft change. The
+        node's process may start once this returns; the change ends when it is marked
+        up (it then gets identities by the planner's rebalance). Asking again for
+        the change in flight resumes it. Raises ChangeRefused, MembershipError, TimeoutError."""
+        deadline = self._clock() + (self.config.commit_timeout if timeout is None else timeout)
+        state = self._core.state
+        if not (state.change == MemberChange(ADD, spec.id) and spec in state.roster):
+            check_add(state, self.roster(), self._core.live, spec)
+            self._submit_current(lambda s: BeginAdd(spec.id, (*current_roster(s, self.config.members), spec),
+                                                    s.epoch), deadline)
+        self._change_raft(True, spec.raft_address, deadline)
+        return self._core.state.epoch
+
+    def remove_member(self, node_id: str, timeout: float | None = None) -> int:
+        """Remove ``node_id``: it drains (planned moves), leaves Raft, leaves the state.
+        Run on another member: a node cannot hear its own removal committed.
+        Raises ChangeRefused, LookupError, MembershipError, TimeoutError."""
+        if node_id == self.node_id:
+            raise ChangeRefused(f"{node_id!r} cannot remove itself: ask another member")
+        deadline = self._clock() + (self.config.commit_timeout if timeout is None else timeout)
+        state = self._core.state
+        spec = next((m for m in self.roster() if m.id == node_id), None)
+        if state.change != MemberChange(REMOVE, node_id) or spec is None:
+            check_remove(state, self.roster(), self._core.live, node_id)
+            self._submit_current(lambda s: BeginRemove(node_id, current_roster(s, self.config.members), s.epoch),
+                                 deadline)
+            spec = next(m for m in self.roster() if m.id == node_id)
+        self._wait_state(lambda s: s.is_valid() and node_id not in s.owner_map().values(), deadline,
+                         f"drain {node_id} before its removal")
+        self._change_raft(False, spec.raft_address, deadline)
+        self._submit_and_wait(FinishRemove(node_id), deadline)
+        return self._core.state.epoch
+
+    def _submit_current(self, make: Callable[[FleetState], Command], deadline: float) -> Result:
+        """Submit a command made from the freshest state; re-made when a concurrent commit made it stale."""
+        while True:
+            try:
+                return self._submit_and_wait(make(self._core.state), deadline)
+            except MembershipError as exc:
+                if "stale epoch" not in str(exc) or self._clock() >= deadline:
+                    raise
+            if self._stop.wait(0.02):
+                raise TimeoutError("member stopped")
+
+    def _change_raft(self, add: bool, address: str, deadline: float) -> None:
+        """Until ``address`` is in (add) or out of this replica's Raft configuration.
+        pysyncobj denies a change while the previous one is uncommitted, or a removal
+        of the leader itself (it hands over first, control.HandOver): retried."""
+        raft = self._raft
+        if raft is None:
+            raise RuntimeError("not started")
+        last: object = None
+        while (address in self.raft_members()) != add:
+            done = threading.Event()
+            box: list[int] = []
+
+            def callback(_result: Any, err: int, box: list[int] = box, done: threading.Event = done) -> None:
+                box.append(err)
+                done.set()
+
+            raft.change_members(add, address, callback)
+            if done.wait(max(0.0, deadline - self._clock())) and box[0] == FAIL_REASON.SUCCESS:
+                # Committed; a follower appends the entry a moment later.
+                self._wait_until(lambda: (address in self.raft_members()) == add, deadline)
+                break
+            last = box[0] if box else "no answer"
+            if self._stop.wait(0.05) or self._clock() >= deadline:
+                verb = "add" if add else "remove"
+                raise TimeoutError(f"Raft did not {verb} {address} in time (last error {last})")
+
+    def _wait_until(self, predicate: Callable[[], bool], deadline: float) -> None:
+        while not predicate() and self._clock() < deadline:
+            self._stop.wait(0.01)
 
     def status(self) -> MemberStatus:
         core = self._core
@@ -351,10 +449,24 @@ class Member:
                 log.error("refusing to join the fleet: %s", action.reason)
                 with self._cond:
                     self._cond.notify_all()
+            elif isinstance(action, control.HandOver):
+                raft.hand_over_leadership(lambda _result, _err: None)  # retried by the core until done
+            elif isinstance(action, control.NewRoster):
+                self._follow_roster(raft, action.members)
             elif isinstance(action, (control.NewState, control.Publish)):
                 with self._cond:
                     self._wake = self._wake or isinstance(action, control.Publish)
                     self._cond.notify_all()
+
+    def _follow_roster(self, raft: RaftReplica, peers: tuple[MemberSpec, ...]) -> None:
+        """Beat to the committed members (tick thread); pysyncobj follows its own log."""
+        members = (self.config.me, *peers)
+        self._addr_to_id = {m.raft_address: m.id for m in members}
+        self._raft_addresses = {m.id: m.raft_address for m in members}
+        if self._hb is not None:
+            added = self._hb.set_peers({m.id: m.heartbeat_address for m in peers}, raft.unsubscribe_fd)
+            for fd, callback in added:
+                raft.subscribe_fd(fd, callback)
 
     def _join_callback(self, token: int) -> Callable[[Any, int], None]:
         def done(_result: Any, err: int) -> None:

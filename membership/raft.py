@@ -10,8 +10,11 @@ order, on the pysyncobj tick thread). Pitfalls handled here (DESIGN §9):
   member's own Raft address;
 * batching adds ~100 ms per commit -> ``appendEntriesUseBatch=False``;
 * ``connectionRetryTime`` 5 s, ``leaderFallbackTimeout`` 30 s -> tuned down;
-* static membership only (``dynamicMembershipChange=False``): adding an
-  unreachable node would silently grow the quorum.
+* dynamic membership (``dynamicMembershipChange=True``): a change counts as
+  soon as it is in the leader's log, and adding an unreachable node silently
+  grows the quorum, so changes go one at a time and only when the nodes alive
+  now can commit in the new configuration (membership/roster.py decides;
+  :meth:`RaftReplica.change_members` executes).
 
 Every access to pysyncobj's private, name-mangled internals lives in
 :class:`RaftReplica` (``role``, ``leader_address``, ``keep_links_open``,
@@ -45,7 +48,10 @@ from pysyncobj.poller import POLL_EVENT_TYPE
 
 from membership.commands import (
     REJECTED,
+    BeginAdd,
+    BeginRemove,
     Drain,
+    FinishRemove,
     Join,
     MarkDown,
     MarkUp,
@@ -58,6 +64,8 @@ from membership.commands import (
 from membership.config import MemberConfig
 from membership.state import FleetState
 
+# The commands that came with state formats or after them: one replicated method (module doc).
+VERSIONED = (SetFormat, BeginAdd, BeginRemove, FinishRemove)
 log = logging.getLogger(__name__)
 
 #: The pysyncobj version the private accessors below were written and tested against.
@@ -80,7 +88,7 @@ def syncobj_conf(config: MemberConfig) -> SyncObjConf:
         connectionTimeout=config.connection_timeout,
         connectionRetryTime=config.connection_retry_time,
         leaderFallbackTimeout=config.leader_fallback_timeout,
-        dynamicMembershipChange=False,
+        dynamicMembershipChange=True,
         commandsWaitLeader=True,
         # Bounded bind retries: a port in use is reported by start(), not retried forever.
         bindRetryTime=0.1,
@@ -104,9 +112,10 @@ class RaftReplica(SyncObj):
             conf=syncobj_conf(config),
         )
 
-    def _apply(self, command: object, kind: type) -> Result:
+    def _apply(self, command: object, kind: type | tuple[type, ...]) -> Result:
         if not isinstance(command, kind):
-            return Result(REJECTED, self.state.epoch, f"expected {kind.__name__}")
+            names = "/".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
+            return Result(REJECTED, self.state.epoch, f"expected {names}")
         try:
             new, result = self.state.apply(command)
         except Exception:  # a bug: never let it wedge the log (pysyncobj would retry forever)
@@ -144,9 +153,30 @@ class RaftReplica(SyncObj):
         return self._apply(command, Reassign)
 
     @replicated
-    def versioned_command(self, command: SetFormat) -> Result:
+    def versioned_command(self, command: SetFormat | BeginAdd | BeginRemove | FinishRemove) -> Result:
         """Every command added since state formats exist (see the module doc)."""
-        return self._apply(command, SetFormat)
+        return self._apply(command, VERSIONED)
+
+    # ---- Raft membership (pysyncobj's dynamic membership) --------------------------------------
+
+    def raft_members(self) -> frozenset[str]:
+        """Raft addresses of the members in this replica's configuration, itself included
+        (the configuration of its log: a change counts from the moment it is appended)."""
+        return frozenset([self.selfNode.address, *(n.address for n in list(self.otherNodes))])
+
+    def change_members(self, add: bool, raft_address: str, callback: Callable[[Any, int], None]) -> None:
+        """Propose adding or removing one Raft member (forwarded to the leader if
+        we are not it). pysyncobj denies it (REQUEST_DENIED) while another change
+        is uncommitted, when the node is already in (add) or out (remove), and
+        when the leader is asked to remove itself (:meth:`hand_over_leadership` first)."""
+        if add:
+            self.addNodeToCluster(raft_address, callback=callback)
+        else:
+            self.removeNodeFromCluster(raft_address, callback=callback)
+
+    def hand_over_leadership(self, callback: Callable[[Any, int], None]) -> None:
+        """Leader only: make the most caught-up connected follower leader (Raft TimeoutNow)."""
+        self.transferLeadership(None, callback=callback)
 
     # ---- pysyncobj internals, in one place ----------------------------------------------------
 
@@ -250,6 +280,9 @@ class RaftReplica(SyncObj):
         callback runs on the tick thread, so no extra thread is needed."""
         self._poller.subscribe(fd, callback, POLL_EVENT_TYPE.READ | POLL_EVENT_TYPE.ERROR)
 
+    def unsubscribe_fd(self, fd: int) -> None:
+        self._poller.unsubscribe(fd)
+
     def submit(self, command: object, callback) -> None:
         """Propose ``command`` through the replicated method of its type."""
         method = {
@@ -261,6 +294,9 @@ class RaftReplica(SyncObj):
             MarkUp: self.mark_up,
             Reassign: self.reassign,
             SetFormat: self.versioned_command,
+            BeginAdd: self.versioned_command,
+            BeginRemove: self.versioned_command,
+            FinishRemove: self.versioned_command,
         }[type(command)]
         method(command, callback=callback)
 

@@ -30,20 +30,27 @@ from collections.abc import Iterable, Mapping
 import attrs
 
 from membership.commands import (
+    ADD,
     APPLIED,
     REJECTED,
+    REMOVE,
     UNCHANGED,
+    BeginAdd,
+    BeginRemove,
     Command,
     Drain,
+    FinishRemove,
     Join,
     MarkDown,
     MarkUp,
+    MemberChange,
     Reassign,
     Result,
     SetBrokers,
     SetFormat,
     Undrain,
 )
+from membership.config import MemberSpec
 from membership.formats import NO_FORMAT, FormatRange, readable_across_formats, refusal
 from topology import (
     AddressConflict,
@@ -81,6 +88,10 @@ class FleetState:
     # The committed state format (NO_FORMAT until the first Join) and each member's advertised range.
     format: int = NO_FORMAT
     member_formats: tuple[tuple[ProxyId, FormatRange], ...] = attrs.field(default=(), converter=_formats)
+    # The Raft members and their endpoints once a membership change was made
+    # (empty: the members every node was configured with), and the change in flight.
+    roster: tuple[MemberSpec, ...] = attrs.field(default=(), converter=tuple)
+    change: MemberChange | None = None
 
     # ---- queries ---------------------------------------------------------------------------
 
@@ -162,6 +173,8 @@ class FleetState:
         node = cmd.node
         if not isinstance(node, ProxyNode) or not isinstance(cmd.formats, FormatRange):
             return self, self._reject("Join needs a ProxyNode and a FormatRange")
+        if self.roster and node.id not in {m.id for m in self.roster}:
+            return self, self._reject(f"{node.id!r} is not a member of the fleet (removed, or not added yet)")
         refused = refusal(node.id, self.format, cmd.formats)
         if refused is not None:
             return self, self._reject(refused)
@@ -220,7 +233,7 @@ class FleetState:
         return self._next(draining=self.draining - {cmd.node_id})
 
     def _decide(
-        self, expected_epoch: int, up: frozenset[ProxyId], owners, check: bool = True
+        self, expected_epoch: int, up: frozenset[ProxyId], owners, check: bool = True, **extra
     ) -> tuple[FleetState, Result]:
         """Shared tail of the leader's conditional commands: idempotence first
         (the effect is already in place), then the epoch, then validity of the
@@ -234,7 +247,7 @@ class FleetState:
             problem = candidate.problem(candidate.owner_map())
             if problem is not None:
                 return self, self._reject(problem)
-        return self._next(up=up, owners=owners)
+        return self._next(up=up, owners=owners, **extra)
 
     def _mark_down(self, cmd: MarkDown) -> tuple[FleetState, Result]:
         unknown = cmd.nodes - self.member_ids()
@@ -246,12 +259,62 @@ class FleetState:
         unknown = cmd.nodes - self.member_ids()
         if unknown:
             return self, self._reject(f"unknown nodes {sorted(unknown)}")
+        # A node being added is in once it is up: the change is no longer in flight.
+        done = self.change is not None and self.change.kind == ADD and self.change.node in cmd.nodes
+        extra = {"change": None} if done else {}
         if cmd.owners is None:
-            return self._decide(cmd.expected_epoch, self.up | cmd.nodes, self.owners, check=False)
-        return self._decide(cmd.expected_epoch, self.up | cmd.nodes, cmd.owners)
+            return self._decide(cmd.expected_epoch, self.up | cmd.nodes, self.owners, check=False, **extra)
+        return self._decide(cmd.expected_epoch, self.up | cmd.nodes, cmd.owners, **extra)
 
     def _reassign(self, cmd: Reassign) -> tuple[FleetState, Result]:
         return self._decide(cmd.expected_epoch, self.up, cmd.owners)
+
+    # ---- membership changes (membership/roster.py decides whether one may start) -------------
+
+    def _begin_add(self, cmd: BeginAdd) -> tuple[FleetState, Result]:
+        if self.change == MemberChange(ADD, cmd.node_id) and self.roster == cmd.roster:
+            return self._unchanged()
+        if self.change is not None:
+            return self, self._reject(f"a membership change is in flight ({self.change.kind} {self.change.node})")
+        if cmd.expected_epoch != self.epoch:
+            return self, self._reject(f"stale epoch {cmd.expected_epoch}, state is at {self.epoch}")
+        ids = [m.id for m in cmd.roster]
+        if cmd.node_id not in ids or len(set(ids)) != len(ids):
+            return self, self._reject(f"the new roster must hold {cmd.node_id!r} once")
+        if cmd.node_id in {m.id for m in self.roster} | self.member_ids():
+            return self, self._reject(f"{cmd.node_id!r} is already a member")
+        new = next(m.node for m in cmd.roster if m.id == cmd.node_id)
+        try:
+            validate_addresses([*self.members, new], self.broker_ids())
+        except (AddressConflict, ValueError) as exc:
+            return self, self._reject(f"address conflict: {exc}")
+        return self._next(roster=cmd.roster, change=MemberChange(ADD, cmd.node_id))
+
+    def _begin_remove(self, cmd: BeginRemove) -> tuple[FleetState, Result]:
+        target = MemberChange(REMOVE, cmd.node_id)
+        if self.change == target:
+            return self._unchanged()
+        # The one change that may replace another: removing a node whose add is in flight.
+        if self.change is not None and self.change != MemberChange(ADD, cmd.node_id):
+            return self, self._reject(f"a membership change is in flight ({self.change.kind} {self.change.node})")
+        if cmd.expected_epoch != self.epoch:
+            return self, self._reject(f"stale epoch {cmd.expected_epoch}, state is at {self.epoch}")
+        if cmd.node_id not in {m.id for m in cmd.roster}:
+            return self, self._reject(f"unknown node {cmd.node_id!r}")
+        draining = self.draining | {cmd.node_id} if cmd.node_id in self.member_ids() else self.draining
+        return self._next(roster=cmd.roster, change=target, draining=draining)
+
+    def _finish_remove(self, cmd: FinishRemove) -> tuple[FleetState, Result]:
+        gone = cmd.node_id
+        change = None if self.change is not None and self.change.node == gone else self.change
+        if gone not in self.member_ids() and gone not in {m.id for m in self.roster} and change == self.change:
+            return self._unchanged()
+        if not self.roster:  # an empty roster means "as configured": it would bring the node back
+            return self, self._reject(f"no removal of {gone!r} was begun")
+        return self._next(roster=[m for m in self.roster if m.id != gone],
+                          members=[n for n in self.members if n.id != gone],
+                          member_formats=[(n, f) for n, f in self.member_formats if n != gone],
+                          up=self.up - {gone}, draining=self.draining - {gone}, change=change)
 
 
 _HANDLERS = {
@@ -263,4 +326,7 @@ _HANDLERS = {
     MarkUp: FleetState._mark_up,
     Reassign: FleetState._reassign,
     SetFormat: FleetState._set_format,
+    BeginAdd: FleetState._begin_add,
+    BeginRemove: FleetState._begin_remove,
+    FinishRemove: FleetState._finish_remove,
 }

@@ -4,7 +4,11 @@
 ``GET /readyz``, ``GET /clients`` (bearer token: the node's client connections, which its
 peers keep for tickle ACKs, proxy.addresses.peers), ``POST /drain`` (this node), ``POST /drain/<node>`` (any node,
 through the fleet), ``POST /undrain/<node>``, ``POST /kill`` (the drill:
-``{"signal": "KILL"|"STOP"|"TERM"}``, the node signals itself).
+``{"signal": "KILL"|"STOP"|"TERM"}``, the node signals itself), ``POST /add-node/<node>``
+(``{"host": H}``, optional ``bootstrap_port``, ``raft_port``, ``rack``; the other
+ports follow this node's) and ``POST /remove-node/<node>``: live membership changes
+(:func:`membership_actions`). A change that may not start now (quorum, one at a
+time) answers 409 with ``"refused": true``.
 
 It runs the standard library's threading HTTP server in its own thread: admin
 traffic is tiny and must keep answering even when the data path's loop is
@@ -25,6 +29,58 @@ from typing import Any, Callable
 log = logging.getLogger("kproxy.admin")
 
 Action = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+class ActionRefused(ValueError):
+    """The action may not run now (answered 409 with ``"refused": true``); the message says why."""
+
+
+#: How long a membership change may take before the action answers 409 (not done in time).
+MEMBER_CHANGE_TIMEOUT_S = 30.0
+
+
+def membership_actions(member: Callable[[], Any]) -> dict[str, Action]:
+    """``add-node`` and ``remove-node`` on the fleet member ``member()`` returns
+    (None: no fleet). The new node's ports follow this node's (same port scheme,
+    Raft port, bootstrap port) unless the body names them."""
+    from membership.config import MemberSpec
+    from membership.roster import ChangeRefused
+    from topology import ProxyNode
+
+    def fleet_member() -> Any:
+        m = member()
+        if m is None:
+            raise LookupError("no fleet: membership changes need [fleet]")
+        return m
+
+    def add_node(body: dict[str, Any]) -> dict[str, Any]:
+        m = fleet_member()
+        me: MemberSpec = m.config.me
+        node_id, host = str(body.get("node") or ""), str(body.get("host") or "")
+        if not node_id or not host:
+            raise ValueError("add-node needs the node's id (in the path) and its host ({\"host\": ...})")
+        try:
+            node = ProxyNode(node_id, host, int(body.get("bootstrap_port") or me.node.bootstrap_port),
+                             rack=body.get("rack"), ports=me.node.ports)
+            spec = MemberSpec(node, host, int(body.get("raft_port") or me.raft_port))
+            epoch = m.add_member(spec, timeout=MEMBER_CHANGE_TIMEOUT_S)
+        except ChangeRefused as exc:
+            raise ActionRefused(str(exc)) from None
+        except TypeError as exc:  # a bad id, host or port in the body (attrs validators)
+            raise ValueError(f"add-node {node_id}: {exc}") from None
+        return {"node": node_id, "added": True, "epoch": epoch, "raft_address": spec.raft_address,
+                "members": [s.id for s in m.roster()]}
+
+    def remove_node(body: dict[str, Any]) -> dict[str, Any]:
+        m = fleet_member()
+        node_id = str(body.get("node") or "")
+        try:
+            epoch = m.remove_member(node_id, timeout=MEMBER_CHANGE_TIMEOUT_S)
+        except ChangeRefused as exc:
+            raise ActionRefused(str(exc)) from None
+        return {"node": node_id, "removed": True, "epoch": epoch, "members": [s.id for s in m.roster()]}
+
+    return {"add-node": add_node, "remove-node": remove_node}
 
 
 class AdminHandler(BaseHTTPRequestHandler):
@@ -102,6 +158,8 @@ class AdminHandler(BaseHTTPRequestHandler):
             self._json(200, self.admin.actions[parts[0]](body))
         except LookupError as exc:
             self._json(404, {"error": str(exc)})
+        except ActionRefused as exc:
+            self._json(409, {"error": str(exc), "refused": True})
         except (ValueError, TimeoutError) as exc:
             self._json(409, {"error": str(exc)})
         except Exception as exc:

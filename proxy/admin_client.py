@@ -230,21 +230,23 @@ class ClusterAdmin:
     def signal_node(self, node_id: str, sig: str) -> None:
         self._node(node_id).signal(sig.upper())
 
-    def _action(self, path: str, via: str | None = None) -> dict[str, Any]:
-        """POST an action to one node (default: the leader, else any node that answers)."""
+    def _action(self, path: str, via: str | None = None, body: dict[str, Any] | None = None,
+                avoid: str | None = None, timeout: float = 10.0) -> dict[str, Any]:
+        """POST an action to one node (default: the leader, else any node that answers;
+        never ``avoid``)."""
         order = [via] if via else ([self.leader()] + self.node_ids)
         errors = []
-        for node_id in order:
-            if node_id is None:
+        for node_id in dict.fromkeys(order):
+            if node_id is None or node_id == avoid:
                 continue
             try:
-                r = self._node(node_id).post(path)
+                r = self._node(node_id).post(path, body, timeout=timeout)
             except httpx.HTTPError as exc:
                 errors.append(f"{node_id}: {describe_http_error(exc)}")
                 continue
             if r.status_code == 200:
                 return r.json()
-            if r.status_code in (401, 403, 404):
+            if r.status_code in (401, 403, 404) or _refused(r):
                 raise AdminRefused(f"{path} refused by {node_id}: {_refusal(r)}")
             errors.append(f"{node_id}: {_refusal(r)}")
             if r.status_code == 400:
@@ -263,6 +265,28 @@ class ClusterAdmin:
         """The node reads its config file (and certificates) again: ``applied``, ``needs_restart``."""
         self._node(node_id)
         return self._action("/reload", via=node_id)
+    def add_node(self, node_id: str, host: str, *, bootstrap_port: int | None = None, raft_port: int | None = None,
+                 rack: str | None = None, timeout: float = 40.0) -> dict[str, Any]:
+        """Add a member (a live Raft membership change, proxy.admin.membership_actions); start its
+        process afterwards. Refused (AdminRefused) when it would lose quorum or a change is in flight."""
+        body: dict[str, Any] = {"host": host}
+        for key, value in (("bootstrap_port", bootstrap_port), ("raft_port", raft_port), ("rack", rack)):
+            if value is not None:
+                body[key] = value
+        return self._action(f"/add-node/{node_id}", body=body, timeout=timeout)
+
+    def remove_node(self, node_id: str, timeout: float = 40.0) -> dict[str, Any]:
+        """Drain a member, then remove it from Raft and the fleet (run by another member:
+        the leader unless it is the one leaving). Stop its process afterwards."""
+        return self._action(f"/remove-node/{node_id}", avoid=node_id, timeout=timeout)
+
+
+def _refused(r: httpx.Response) -> bool:
+    """A 409 that says the action may not run now (quorum, a change in flight), not that it failed."""
+    try:
+        return r.status_code == 409 and bool(r.json().get("refused"))
+    except ValueError:
+        return False
 
 
 def _refusal(r: httpx.Response) -> str:

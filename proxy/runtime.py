@@ -20,7 +20,7 @@ import uvloop
 
 from membership.formats import FORMATS_ENV, SUPPORTED, FormatRange, parse_range
 from proxy import logs
-from proxy.admin import AdminServer
+from proxy.admin import AdminServer, membership_actions
 from proxy.config import Config, ConfigError, http_url, load
 from proxy.datapath import DataPath
 from proxy.reload import ReloadPlan, plan_reload
@@ -184,7 +184,8 @@ class NodeRuntime:
                 status=lambda: self.status().to_json(),
                 metrics=self.datapath.metrics.render, ready=self._ready,
                 actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain,
-                         "reload": lambda _body: self._call_in_loop(self.reload, "admin")},
+                         "reload": lambda _body: self._call_in_loop(self.reload, "admin"),
+                         **membership_actions(lambda: self.link.member if self.link is not None else None)},
                 clients=self._clients if self.datapath.floating is not None else None,
                 ssl_context=admin_context(self.config.security.admin)
                 if self.config.security is not None and self.config.security.admin is not None else None)

@@ -44,7 +44,7 @@ import attrs
 
 from membership.serving import ServingMap
 from proxy import logs
-from proxy.admin import AdminServer
+from proxy.admin import AdminServer, membership_actions
 from proxy.config import Config, ConfigError, http_url
 from proxy.datapath import DataPathStatus
 from proxy.metrics import render_families, worker_restarts_family
@@ -368,7 +368,8 @@ class Supervisor:
                 self.local.host, self.local.admin_port, token=self.config.admin_token,
                 status=lambda: self._call(self.node_status).to_json(), metrics=lambda: self._call(self.metrics),
                 ready=self._ready, actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain,
-                                            "reload": lambda _body: self._call(self._reload_async)})
+                                            "reload": lambda _body: self._call(self._reload_async),
+                                            **membership_actions(lambda: self.member)})
             self.admin.start()
         self.ready = True
         for sig in (signal.SIGTERM, signal.SIGINT):

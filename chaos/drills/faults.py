@@ -46,6 +46,13 @@ freeze-two         the same with SIGSTOP (SIGCONT both at the end)
 leader-kill-two    the same with the Raft leader as each victim
 partition-one-way, flap, partition-two
                    emulated hosts only: ``chaos.drills.host_faults``
+grow-shrink        live membership: add two proxy nodes one at a time (admin
+                   add-node, then the process; identities move to them by
+                   planned moves), then remove as many original nodes, the last
+                   first (drained: their identities move by planned moves; then
+                   removed from Raft; then stopped); one ``fault`` event per
+                   change. Local
+                   loopback fleets only (the new nodes take the next addresses)
 none               the control (not in ``FAULTS``): a ``fault`` event naming a
                    random live proxy and nothing else, then as long as a drain
                    takes; the same measures over the same kind of window give
@@ -159,6 +166,8 @@ def check(fault: str, *, fleet: Any | None, kafka: Any | None) -> None:
     if fault == "broker-kill" and kafka is None:
         raise FaultUnavailable("broker-kill needs the local Kafka cluster (the fleet runs against an external one)")
     host_faults.check(fault, fleet)
+    if fault == "grow-shrink" and (getattr(fleet, "hosts", None) is not None or not hasattr(fleet, "add_node")):
+        raise FaultUnavailable("grow-shrink: needs a local fleet on loopback (kproxy fleet up, without --hosts netns)")
     if fault == "partition" and getattr(fleet, "hosts", None) is None:
         from chaos.drills.netfault import partition_support
 
@@ -416,6 +425,35 @@ async def rolling_restart(ctx: FaultContext) -> None:
         step["steady"] = await ctx.wait_recovered(step["back_ts_ns"])
 
 
+GROW_BY = 2  # 3 -> 5 -> 3
+
+
+async def grow_shrink(ctx: FaultContext) -> None:
+    """Grow the fleet by GROW_BY nodes and shrink it back, one membership change at a time."""
+    assert ctx.fleet is not None
+    base = sorted(ctx.fleet.node_ids)
+    prefix, last = ctx.fleet.node_address(base[-1]).rsplit(".", 1)
+    added = [f"p{len(base) + i + 1}" for i in range(GROW_BY)]
+    for i, node in enumerate(added):
+        await _member_change(ctx, node, ctx.fleet.add_node, node, f"{prefix}.{int(last) + i + 1}")
+    # The shrink removes original nodes: each owns identities, so its removal moves them by
+    # planned moves (the drain), and one of them may be the Raft leader (it hands over first).
+    for node in list(reversed(base))[:GROW_BY]:
+        await _member_change(ctx, node, ctx.fleet.remove_node, node)
+
+
+async def _member_change(ctx: FaultContext, node: str, change: Callable[..., Any], *args: Any) -> None:
+    ts = time.time_ns()
+    step = ctx.mark_fault(node, ts)
+    answer = await ctx.call(change, *args, timeout_s=ctx.restore_timeout_s)
+    step["change_s"] = (time.time_ns() - ts) / 1e9
+    step["timings_s"] = answer.get("timings_s")
+    await ctx.await_effects(step, down=False)
+    ctx.mark_back(step)
+    await ctx.wait_healthy()
+    step["steady"] = await ctx.wait_recovered(step["back_ts_ns"])
+
+
 async def control(ctx: FaultContext) -> None:
     """No fault at all: the baseline for the same measures (see the module docstring)."""
     assert ctx.fleet is not None
@@ -448,5 +486,6 @@ INJECT: dict[str, Callable[[FaultContext], Awaitable[None]]] = {
     "partition-one-way": host_faults.partition_one_way,
     "flap": host_faults.flap,
     "partition-two": host_faults.partition_two,
+    "grow-shrink": grow_shrink,
     "none": control,
 }

@@ -22,7 +22,9 @@ client of the brokers needs; ``fleet.json`` names the test bed's directory, so `
 
 Views and actions (status, health, drain, kill through the admin API) are
 ``proxy.admin_client.ClusterAdmin``'s: a ``LocalFleet`` is that plus the
-processes it started.
+processes it started. ``add_node`` / ``remove_node`` grow and shrink it live:
+the admin action (a Raft membership change), then the node's process started
+(with the fleet file that now lists it) or stopped (and struck from the file).
 """
 
 from __future__ import annotations
@@ -30,8 +32,11 @@ from __future__ import annotations
 import json
 import os
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
+
+import tomli_w
 
 from chaos.testbed.hosts import (LOOPBACK, NETNS, HostNet, HostPlan, HostsError, plan_hosts, tag_for,
                                  unavailable_reason)
@@ -252,6 +257,70 @@ class LocalFleet(ClusterAdmin):
         node.start()
         self._save()
         node.wait_ready(timeout)
+
+    # ------------------------------------------------------ live membership
+    def add_node(self, node_id: str, host: str, *, rack: str | None = None,
+                 timeout: float = 60.0) -> dict[str, Any]:
+        """Grow the running fleet by ``node_id`` on ``host`` (a loopback address here): the
+        membership change first (Raft adds it), then its process, started from the fleet
+        file that now lists it; returns once it serves and the fleet is balanced again
+        (it got identities by planned moves). The answer gains ``timings_s``."""
+        if self.hosts is not None:
+            raise LocalFleetError("adding a node to a fleet on emulated hosts is not supported (loopback only)")
+        if node_id in self.nodes:
+            raise LocalFleetError(f"node {node_id!r} is already in this fleet")
+        started = time.monotonic()
+        answer = self.add_node_action(node_id, host, rack=rack)
+        committed = time.monotonic()
+        entry = self._edit_config(add={"id": node_id, "host": host, "rack": rack})
+        node = NodeProcess(self.config_path, node_id, host, int(entry.get("admin_port") or ADMIN_PORT),
+                           self.state_dir / "logs" / f"{node_id}.log")
+        self.nodes[node_id] = node
+        node.start()
+        self._save()
+        node.wait_ready(timeout)
+        serving = time.monotonic()
+        self.wait_balanced(timeout)
+        done = time.monotonic()
+        answer["timings_s"] = {"committed": round(committed - started, 3), "serving": round(serving - started, 3),
+                               "balanced": round(done - started, 3)}
+        return answer
+
+    def add_node_action(self, node_id: str, host: str, *, rack: str | None = None) -> dict[str, Any]:
+        """The admin action alone (ports as the other nodes'), for callers starting the process themselves."""
+        first = tomllib.loads(self.config_path.read_text())["nodes"][0]
+        return super().add_node(node_id, host, bootstrap_port=first.get("bootstrap_port"),
+                                raft_port=first.get("raft_port"), rack=rack)
+
+    def remove_node(self, node_id: str, timeout: float = 60.0) -> dict[str, Any]:  # type: ignore[override]
+        """Shrink the running fleet: drain ``node_id`` (planned moves), remove it from Raft and the
+        fleet (another member runs it), then stop its process and strike it from the fleet file."""
+        node = self._node(node_id)
+        started = time.monotonic()
+        answer = super().remove_node(node_id, timeout=timeout)
+        removed = time.monotonic()
+        node.stop()
+        del self.nodes[node_id]
+        self._edit_config(remove=node_id)
+        self._save()
+        answer["timings_s"] = {"removed": round(removed - started, 3), "stopped": round(time.monotonic() - started, 3)}
+        return answer
+
+    def _edit_config(self, add: dict[str, Any] | None = None, remove: str | None = None) -> dict[str, Any]:
+        """Add a node to the fleet file (its ports and workers as the first node's) or strike one."""
+        doc = tomllib.loads(self.config_path.read_text())
+        nodes = doc["nodes"]
+        entry: dict[str, Any] = {}
+        if add is not None:
+            entry = {k: v for k, v in nodes[0].items() if k not in ("id", "host", "rack")}
+            entry.update({k: v for k, v in add.items() if v is not None})
+            nodes.append(entry)
+        if remove is not None:
+            doc["nodes"] = [n for n in nodes if n["id"] != remove]
+        tmp = self.config_path.with_suffix(".toml.tmp")
+        tmp.write_text(tomli_w.dumps(doc))
+        tmp.replace(self.config_path)
+        return entry
 
 
 def _split(bootstrap: str | list[str]) -> list[str]:

@@ -22,7 +22,7 @@ import pytest
 
 from chaos import trace
 from chaos.drills.drill import DrillConfig, Target, parse_clients, run_drill
-from chaos.drills.fault_names import CASCADES, FAULTS, HOST_FAULTS
+from chaos.drills.fault_names import CASCADES, FAULTS, HOST_FAULTS, MEMBERSHIP_CHANGES
 from chaos.clients import FAMILIES
 
 pytestmark = [pytest.mark.drill, pytest.mark.slow]
@@ -59,8 +59,9 @@ CASCADE_CLIENTS = "aiokafka:producer,confluent:producer,java:producer,aiokafka:c
 
 
 def test_cases_cover_every_fault_with_two_families():
-    # The emulated hosts' own faults: measured by `kproxy bench failover --hosts netns --fault F`.
-    assert sorted([f for f, _ in CASES] + list(CASCADES) + list(HOST_FAULTS)) == sorted(FAULTS)
+    # The emulated hosts' own faults: measured by `kproxy bench failover --hosts netns --fault F`;
+    # grow-shrink runs in tests/drill/test_membership.py.
+    assert sorted([f for f, _ in CASES] + list(CASCADES) + list(HOST_FAULTS) + list(MEMBERSHIP_CHANGES)) == sorted(FAULTS)
     assert all(len(c.split(",")) >= 2 for _, c in CASES)
     used = [fam for _, c in CASES for fam in c.split(",")]
     assert {fam: used.count(fam) >= 3 for fam in FAMILIES} == {fam: True for fam in FAMILIES}

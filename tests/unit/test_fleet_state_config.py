@@ -142,7 +142,7 @@ def test_heartbeat_liveness_rules():
 
 def test_syncobj_conf_is_what_the_design_asks_of_pysyncobj():
     """DESIGN §9: a password (pickle on the wire), the member's own bind address (not 0.0.0.0),
-    no batching (~100 ms per commit), static membership, and the tuned timeouts, not pysyncobj's
+    no batching (~100 ms per commit), dynamic membership (live add-node/remove-node), and the tuned timeouts, not pysyncobj's
     defaults (leaderFallbackTimeout 30 s, connectionRetryTime 5 s)."""
     from membership.raft import syncobj_conf
 
@@ -150,7 +150,7 @@ def test_syncobj_conf_is_what_the_design_asks_of_pysyncobj():
     conf = syncobj_conf(config)
     assert conf.password == "pw"
     assert conf.bindAddress == "127.0.0.11:7001" == config.me.raft_address
-    assert conf.appendEntriesUseBatch is False and conf.dynamicMembershipChange is False
+    assert conf.appendEntriesUseBatch is False and conf.dynamicMembershipChange is True  # live membership (membership.roster)
     assert (conf.raftMinTimeout, conf.raftMaxTimeout) == (config.raft_min_timeout, config.raft_max_timeout)
     assert conf.connectionTimeout == config.connection_timeout <= 1.0
     assert conf.connectionRetryTime == config.connection_retry_time <= 0.25

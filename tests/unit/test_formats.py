@@ -203,3 +203,16 @@ def test_a_node_takes_its_range_from_the_release_or_the_test_hook():
     assert node_formats({"KPROXY_FORMATS": "1-2"}) == BOTH
     with pytest.raises(ConfigError, match="KPROXY_FORMATS"):
         node_formats({"KPROXY_FORMATS": "two"})
+
+
+def test_replicated_method_numbers_are_pinned():
+    """pysyncobj numbers the @replicated methods by their sorted names and writes the number
+    into the log: a method added between existing names would make a node of the next release
+    apply an old node's entries to the wrong method. New commands go through versioned_command."""
+    from membership.raft import VERSIONED, RaftReplica
+
+    names = sorted(m for m in dir(RaftReplica)
+                   if getattr(getattr(RaftReplica, m), "replicated", False) and m.endswith("_v0"))
+    assert names == ["drain_v0", "join_v0", "mark_down_v0", "mark_up_v0", "reassign_v0", "set_brokers_v0",
+                     "undrain_v0", "versioned_command_v0"]
+    assert {c.__name__ for c in VERSIONED} >= {"SetFormat", "BeginAdd", "BeginRemove", "FinishRemove"}

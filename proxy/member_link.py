@@ -18,7 +18,7 @@ from membership.config import ConfigError as MemberConfigError
 from membership.config import MemberConfig, MemberSpec
 from membership.member import Member
 from membership.serving import ServingMap
-from proxy.config import Config, ConfigError, proxy_nodes
+from proxy.config import Config, ConfigError, is_wildcard, proxy_nodes
 from proxy.datapath import DataPath
 from proxy.upstream import UpstreamBroker
 from topology import Broker
@@ -35,7 +35,9 @@ def member_config(config: Config, node_id: str) -> MemberConfig:
     members = []
     for n, node in zip(config.nodes, proxy_nodes(config)):
         assert n.raft_port is not None
-        members.append(MemberSpec(node=node, raft_host=n.host, raft_port=n.raft_port))
+        # The others dial a member's advertised host; it binds its own (a wildcard behind NAT).
+        members.append(MemberSpec(node=node, raft_host=n.advertised, raft_port=n.raft_port,
+                                  bind_host=None if n.host == n.advertised else n.host))
     f = config.fleet
     try:
         return MemberConfig(node_id=node_id, members=tuple(members), password=f.password,
@@ -47,11 +49,12 @@ def member_config(config: Config, node_id: str) -> MemberConfig:
         raise ConfigError(_FIELD.get(exc.field, f"fleet.{exc.field}"), str(exc)) from None
 
 
-def start_member(member: Member, host: str, brokers: Iterable[UpstreamBroker]) -> None:
+def start_member(member: Member, bind_host: str, brokers: Iterable[UpstreamBroker]) -> None:
     """Start ``member`` (blocks until Raft is up) with the brokers the data path knows so far."""
     from membership.raft import bind_outgoing
 
-    bind_outgoing(host)  # Raft traffic leaves from this node's own address
+    if not is_wildcard(bind_host):
+        bind_outgoing(bind_host)  # Raft traffic leaves from this node's own address
     member.start()
     report_brokers(member, brokers)
 
@@ -90,7 +93,7 @@ class MemberLink:
         datapath.on_brokers_changed(self._report_brokers)
 
     def start(self) -> None:
-        start_member(self.member, self.datapath.node.host, sorted(self.datapath.brokers.values()))
+        start_member(self.member, self.datapath.local.host, sorted(self.datapath.brokers.values()))
         self.member.subscribe(self._on_change)
 
     def _report_brokers(self, brokers: list[UpstreamBroker]) -> None:

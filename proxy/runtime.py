@@ -56,7 +56,7 @@ class NodeRuntime:
         return node_status(datapath, serving, self.link.member.status() if self.link is not None else None,
                            pid=os.getpid(), ready=self.ready,
                            # Where every node of the fleet answers: `cluster --admin URL` needs only one.
-                           admin_endpoints={n.id: http_url(n.host, n.admin_port) for n in self.config.nodes
+                           admin_endpoints={n.id: http_url(n.advertised, n.admin_port) for n in self.config.nodes
                                             if n.admin_port is not None})
 
     def _ready(self) -> bool:

@@ -44,7 +44,7 @@ import attrs
 
 from membership.serving import ServingMap
 from proxy.admin import AdminServer
-from proxy.config import Config, http_url
+from proxy.config import Config, http_url, join_host_port
 from proxy.datapath import DataPathStatus
 from proxy.metrics import render_families, worker_restarts_family
 from proxy.status import NodeStatus, WorkerRow, node_status
@@ -230,7 +230,7 @@ class Supervisor:
         reports: dict[int, WorkerReport | None] = await self.ask_all(ASK_STATUS)
         answered = [r for r in reports.values() if isinstance(r, WorkerReport)]
         datapath = (merge_datapath_status([r.status for r in answered]) if answered
-                    else DataPathStatus(self.node_id, f"{self.local.host}:{self.local.bootstrap_port}",
+                    else DataPathStatus(self.node_id, join_host_port(self.local.advertised, self.local.bootstrap_port),
                                         (), (), (), 0, False, ()))
         if self.fleet:
             serving = applied
@@ -248,7 +248,7 @@ class Supervisor:
                 version=report.serving.version if isinstance(report, WorkerReport) else None))
         return node_status(datapath, serving, self.member.status() if self.member is not None else None,
                            pid=os.getpid(), ready=self._all_ready(), workers=tuple(rows),
-                           admin_endpoints={n.id: http_url(n.host, n.admin_port) for n in self.config.nodes
+                           admin_endpoints={n.id: http_url(n.advertised, n.admin_port) for n in self.config.nodes
                                             if n.admin_port is not None})
 
     def _all_ready(self) -> bool:

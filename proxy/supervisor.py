@@ -289,8 +289,13 @@ class Supervisor:
                 os.kill(handle.pid, sig)
             os.kill(os.getpid(), sig)
 
+    def _refuse_while_joining(self) -> None:
+        if self.fleet and self.member is None:  # the admin endpoint is up before Raft
+            raise TimeoutError(f"node {self.node_id} is starting: not in the fleet yet, ask again")
+
     def _drain(self, body: dict[str, Any]) -> dict[str, Any]:
         target = str(body.get("node", self.node_id))
+        self._refuse_while_joining()
         if self.member is None:
             if target != self.node_id:
                 raise LookupError(f"node {target!r} is not this node and there is no fleet to forward to")
@@ -302,6 +307,7 @@ class Supervisor:
 
     def _undrain(self, body: dict[str, Any]) -> dict[str, Any]:
         target = str(body.get("node", self.node_id))
+        self._refuse_while_joining()
         if self.member is None:
             raise LookupError("no fleet: nothing to undrain")
         if target not in {n.id for n in self.config.nodes}:
@@ -310,19 +316,24 @@ class Supervisor:
 
     # -------------------------------------------------------------- running
     async def serve(self) -> None:
+        """The admin endpoint and the Raft port check first, then the workers (the data listeners),
+        then the fleet: the order and its reasons are proxy.runtime's."""
         self.loop = asyncio.get_running_loop()
-        for i in range(self.count):
-            self._spawn(i)
-        await self._wait(lambda: len(self.handles) == self.count and all(h.ready for h in self.handles.values()),
-                         START_TIMEOUT_S, "every worker ready")
-        if self.fleet:
-            await self._start_member()
         if self.local.admin_port is not None:
             self.admin = AdminServer(
                 self.local.host, self.local.admin_port, token=self.config.admin_token,
                 status=lambda: self._call(self.node_status).to_json(), metrics=lambda: self._call(self.metrics),
                 ready=self._ready, actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain})
             self.admin.start()
+        try:
+            await self._start_serving()
+        except BaseException:
+            self._stopping = True
+            for handle in list(self.handles.values()):
+                handle.proc.kill()
+            if self.admin is not None:
+                self.admin.stop()
+            raise
         self.ready = True
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopped.set)
@@ -333,6 +344,18 @@ class Supervisor:
             await self._stopped.wait()
         finally:
             await self.shutdown()
+
+    async def _start_serving(self) -> None:
+        if self.fleet:
+            from proxy.member_link import check_raft_ports
+
+            check_raft_ports(self.config, self.node_id)
+        for i in range(self.count):
+            self._spawn(i)
+        await self._wait(lambda: len(self.handles) == self.count and all(h.ready for h in self.handles.values()),
+                         START_TIMEOUT_S, "every worker ready")
+        if self.fleet:
+            await self._start_member()
 
     async def _start_member(self) -> None:
         from membership.member import Member

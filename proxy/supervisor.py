@@ -382,6 +382,7 @@ class Supervisor:
 
     async def shutdown(self) -> None:
         """SIGTERM: publish a map without this node, drain every worker's clients, then stop the workers."""
+        log.info("stopping: draining clients first", extra={"node": self.node_id, "drain_timeout_s": GRACEFUL_DRAIN_S})
         self.ready = False
         assert self.loop is not None
         if self.member is not None and self.member.status().view.has_quorum:
@@ -402,3 +403,4 @@ class Supervisor:
             self.admin.stop()
         if self.member is not None:
             self.member.stop()
+        log.info("node stopped", extra={"node": self.node_id, "workers": len(handles)})

@@ -144,3 +144,16 @@ def test_a_stand_in_binds_the_vacant_nodes_advertised_address():
 ])
 def test_the_upstream_source_address(bind, remote, source):
     assert source_address(bind, remote) == source
+
+
+def test_a_wildcard_bound_peers_heartbeats_are_taken_from_any_source_and_a_bound_ones_only_from_its_ip():
+    from membership.heartbeat import Heartbeat, encode, heartbeat_key
+
+    hb = Heartbeat("p2", ("127.0.0.123", 9500), {"p1": ("127.0.0.122", 9500), "p3": ("127.0.0.124", 9500)}, "pw",
+                   interval=0.25, suspect_timeout=1.0, clock=lambda: 0.0, origins={"p1": None, "p3": "127.0.0.124"})
+    key = heartbeat_key("pw")
+    hb.receive(encode(key, "p1", b"i" * 8, 1), "127.0.0.1", now=1.0)   # p1 binds 0.0.0.0: the kernel's source
+    hb.receive(encode(key, "p3", b"i" * 8, 1), "127.0.0.1", now=1.0)   # p3 binds .124: not from elsewhere
+    assert (hb.has_heard("p1"), hb.has_heard("p3"), hb.rejected) == (True, False, 1)
+    hb.receive(encode(key, "p3", b"i" * 8, 2), "127.0.0.124", now=1.0)
+    assert hb.has_heard("p3")

@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from proxy.config import http_url
+from proxy.config import http_url, join_host_port
 from proxy.status import FleetView, NodeEndpoint, NodeStatus
 
 DEFAULT_ADMIN_PORT = 9400
@@ -145,7 +145,7 @@ class ClusterAdmin:
 
     @property
     def bootstrap(self) -> list[str]:
-        return [f"{n.host}:{n.bootstrap_port}" for n in self.nodes.values()]
+        return [join_host_port(n.host, n.bootstrap_port) for n in self.nodes.values()]
 
     @property
     def bootstrap_servers(self) -> str:

@@ -57,6 +57,7 @@ test keeps it complete)::
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import os
 import tomllib
@@ -122,6 +123,7 @@ def is_wildcard(host: str) -> bool:
     return ip is not None and ip.is_unspecified
 
 
+@functools.lru_cache(maxsize=1024)  # a storm reconnects thousands of clients to a handful of brokers
 def source_address(bind_host: str, remote_host: str) -> tuple[str, int] | None:
     """The local address an outgoing connection from a node bound to ``bind_host`` leaves from.
 
@@ -597,21 +599,23 @@ def _own_ports(n: NodeConfig) -> list[tuple[str, int]]:
 
 
 def _check_shared_addresses(nodes: tuple[NodeConfig, ...], base: int | None, port_map: Mapping[int, int]) -> None:
-    """Two nodes on one address (the same bind or advertised host) must not share a port: their
-    own ports and their broker port windows (``base`` .. ``base + 255``, the map's ports) are disjoint."""
+    """Two nodes advertised at one address (several on ``::1``) must not share a port: their own
+    ports and their broker port windows (``base`` .. ``base + 255``, the map's ports) are disjoint.
+    Bind hosts are not compared: nodes on different hosts may bind the same wildcard or the same
+    private address (a container's 172.17.0.2); a clash on one host is the kernel's to report."""
     claimed: dict[tuple[str, int], str] = {}
     for i, n in enumerate(nodes):
         node_base = base if n.port_base is None else n.port_base
         ports = [p for _, p in _own_ports(n)] + list(port_map.values())
         if node_base is not None:
             ports += range(node_base, node_base + BASE_WINDOW)
-        for host in {n.host.lower(), n.advertised.lower()}:
-            for p in set(ports):
-                other = claimed.setdefault((host, p), n.id)
-                if other != n.id:
-                    raise ConfigError(f"nodes[{i}]", f"nodes {other} and {n.id} both use {host} port {p}: nodes "
-                                      "sharing an address need their own ports (nodes[].port_base, bootstrap_port, "
-                                      "admin_port, raft_port)")
+        host = n.advertised.lower()
+        for p in set(ports):
+            other = claimed.setdefault((host, p), n.id)
+            if other != n.id:
+                raise ConfigError(f"nodes[{i}]", f"nodes {other} and {n.id} both use {host} port {p}: nodes "
+                                  "sharing an address need their own ports (nodes[].port_base, bootstrap_port, "
+                                  "admin_port, raft_port)")
 
 
 def _check_ip(host: str, path: str) -> None:

@@ -157,3 +157,14 @@ def test_a_wildcard_bound_peers_heartbeats_are_taken_from_any_source_and_a_bound
     assert (hb.has_heard("p1"), hb.has_heard("p3"), hb.rejected) == (True, False, 1)
     hb.receive(encode(key, "p3", b"i" * 8, 2), "127.0.0.124", now=1.0)
     assert hb.has_heard("p3")
+
+
+def test_nodes_on_different_hosts_may_bind_the_same_wildcard_or_private_address():
+    """Containers on three hosts: each binds 0.0.0.0 (or the same bridge address) with the same ports."""
+    config = parse(_raw(
+        {"id": "p1", "host": "0.0.0.0", "advertised_host": "203.0.113.11", "bootstrap_port": 9092, "raft_port": 9500},
+        {"id": "p2", "host": "0.0.0.0", "advertised_host": "203.0.113.12", "bootstrap_port": 9092, "raft_port": 9500},
+        {"id": "p3", "host": "172.17.0.2", "advertised_host": "proxy-3.example", "bootstrap_port": 9092,
+         "raft_port": 9500}, fleet=True))
+    assert [n.address_for(1) for n in proxy_nodes(config)] == [
+        ("203.0.113.11", 9101), ("203.0.113.12", 9101), ("proxy-3.example", 9101)]

@@ -17,7 +17,8 @@ from typing import Any
 
 import httpx
 
-from proxy.config import http_url, join_host_port
+from proxy.config import http_url
+from proxy.hosts import join_host_port
 from proxy.status import FleetView, NodeEndpoint, NodeStatus
 
 DEFAULT_ADMIN_PORT = 9400

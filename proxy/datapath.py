@@ -32,12 +32,13 @@ import attrs
 
 from membership.serving import BOOTSTRAP, ServingMap, standalone_map
 from proxy.advertised import AdvertisedAddresses
-from proxy.config import Config, join_host_port, proxy_node, source_address
+from proxy.config import Config, proxy_node
 from proxy.connection import Pair, UpstreamSide
 from proxy.discovery import BrokerDiscovery
 from proxy.drain import CloseListeners, DrainAt, DrainConnections, NodeDrain, Rebind
 from proxy.errors import ProtocolError, RewriteError, UnknownBroker
 from proxy.fleet_metrics import FleetCollector, FleetSample
+from proxy.hosts import join_host_port, source_address
 from proxy.listeners import Listeners, client_capacity
 from proxy.logs import describe_error
 from proxy.metrics import ProxyMetrics

@@ -31,8 +31,8 @@ import resource
 from collections.abc import Callable, Iterable
 
 from membership.serving import BOOTSTRAP, StandIn
-from proxy.config import join_host_port
 from proxy.connection import ClientSide
+from proxy.hosts import join_host_port
 from proxy.logs import describe_error
 from proxy.registry import ConnectionRegistry
 from proxy.takeover import Bind, Release, TakeoverReconciler
@@ -123,8 +123,9 @@ class Listeners:
                     self._factory(BOOTSTRAP), self.bind_host, self.node.bootstrap_port, reuse_address=True,
                     reuse_port=self.reuse_port, backlog=self.backlog)
             except OSError as exc:  # one line naming the listener and its address, not a traceback
-                raise OSError(exc.errno, f"bootstrap listener {join_host_port(self.bind_host, self.node.bootstrap_port)}"
-                                         f": {os.strerror(exc.errno or 0).lower()}") from None
+                address = join_host_port(self.bind_host, self.node.bootstrap_port)
+                raise OSError(exc.errno, f"bootstrap listener {address}: "
+                                         f"{os.strerror(exc.errno or 0).lower()}") from None
 
     async def bind_identities(self, broker_ids: Iterable[int]) -> None:
         """A listener for each identity not bound yet (call under ``lock``).

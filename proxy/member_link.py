@@ -19,8 +19,9 @@ from membership.config import ConfigError as MemberConfigError
 from membership.config import MemberConfig, MemberSpec
 from membership.member import Member
 from membership.serving import ServingMap
-from proxy.config import Config, ConfigError, is_wildcard, join_host_port, proxy_nodes
+from proxy.config import Config, ConfigError, proxy_nodes
 from proxy.datapath import DataPath
+from proxy.hosts import is_wildcard, join_host_port
 from proxy.upstream import UpstreamBroker
 from topology import Broker
 

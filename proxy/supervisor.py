@@ -44,8 +44,9 @@ import attrs
 
 from membership.serving import ServingMap
 from proxy.admin import AdminServer
-from proxy.config import Config, http_url, join_host_port
+from proxy.config import Config, http_url
 from proxy.datapath import DataPathStatus
+from proxy.hosts import join_host_port
 from proxy.metrics import render_families, worker_restarts_family
 from proxy.status import NodeStatus, WorkerRow, node_status
 from proxy.upstream import UpstreamBroker

@@ -26,7 +26,8 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.primitive import i16, i32
 
 from proxy import sasl
-from proxy.config import HostPort, source_address
+from proxy.config import HostPort
+from proxy.hosts import source_address
 from proxy.logs import describe_error
 from proxy.security_config import UpstreamSasl
 

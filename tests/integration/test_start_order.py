@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.integration,
 
 REPO = Path(__file__).resolve().parents[2]
 HOST = "127.0.0.124"
-BOOTSTRAP, BASE, ADMIN, RAFT = 14140, 14150, 14141, 14142  # below the test Kafka cluster's 20000-39000
+# Below the test Kafka cluster's 20000-39000.
+BOOTSTRAP, BASE, ADMIN, RAFT = 14140, 14150, 14141, 14142
 # bind(3, {sa_family=AF_INET, sin_port=htons(25141), sin_addr=inet_addr("127.0.0.124")}, 16) = 0
 BIND = re.compile(r'bind\(\d+, \{sa_family=AF_INET6?, sin6?_port=htons\((\d+)\).*?(?:inet_addr|inet_pton)\(.*?"([^"]+)"')
 

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from membership.serving import BOOTSTRAP, StandIn, addresses_for, stand_in_duties, standalone_map
-from proxy.config import ConfigError, parse, proxy_node, proxy_nodes, source_address
+from proxy.config import ConfigError, parse, proxy_node, proxy_nodes
+from proxy.hosts import source_address
 from proxy.member_link import member_config
 
 pytestmark = pytest.mark.unit
@@ -130,7 +131,8 @@ def test_a_stand_in_binds_the_vacant_nodes_advertised_address():
         {"id": "p2", "host": "127.0.0.123", "bootstrap_port": 25120, "port_base": 25430, "raft_port": 25121},
         base=None, fleet=True))
     duties = stand_in_duties({1: "p2"}, proxy_nodes(config), {"p1"})
-    assert duties == (StandIn("p2", "p1", BOOTSTRAP, "127.0.0.122", 25120), StandIn("p2", "p1", 1, "127.0.0.122", 25131))
+    assert duties == (StandIn("p2", "p1", BOOTSTRAP, "127.0.0.122", 25120),
+                      StandIn("p2", "p1", 1, "127.0.0.122", 25131))
 
 
 @pytest.mark.parametrize(("bind", "remote", "source"), [

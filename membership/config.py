@@ -24,6 +24,7 @@ Relationships enforced (each error names the field):
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -56,12 +57,33 @@ class MemberSpec:
     """One fleet member: how clients see it (``node``) and where its Raft and
     heartbeat endpoints are. The heartbeat is UDP on ``raft_host`` at
     ``heartbeat_port`` (default: the Raft port number, UDP and TCP being
-    separate port spaces)."""
+    separate port spaces). ``raft_host`` is what the other members dial;
+    ``bind_host`` (default ``raft_host``) is what this member binds, such as
+    0.0.0.0 behind NAT (then its datagrams' source is not checked)."""
 
     node: ProxyNode
     raft_host: str
     raft_port: int
     heartbeat_port: int | None = None
+    bind_host: str | None = None
+
+    @property
+    def raft_bind_address(self) -> str:
+        return f"{self.bind_host or self.raft_host}:{self.raft_port}"
+
+    @property
+    def heartbeat_bind(self) -> tuple[str, int]:
+        return (self.bind_host or self.raft_host, self.heartbeat_address[1])
+
+    @property
+    def origin_ip(self) -> str | None:
+        """The source address of this member's heartbeats: its bound IP; None when unknown
+        (a wildcard or a name: the kernel picks the source)."""
+        try:
+            ip = ipaddress.ip_address(self.bind_host or self.raft_host)
+        except ValueError:
+            return None
+        return None if ip.is_unspecified else str(ip)
 
     @property
     def id(self) -> ProxyId:

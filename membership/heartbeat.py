@@ -96,7 +96,10 @@ class Heartbeat:
         interval: float,
         suspect_timeout: float,
         clock: Callable[[], float] = time.monotonic,
+        origins: Mapping[str, str | None] | None = None,
     ) -> None:
+        """``origins``: the source IP each peer's datagrams must come from (None: not checked);
+        default: the IP of its address in ``peers``."""
         self.self_id = self_id
         self.bind = bind
         self.peers = dict(peers)
@@ -112,7 +115,8 @@ class Heartbeat:
         self._heard: dict[str, float] = {}
         self._refused: dict[str, float] = {}
         self._last: dict[str, tuple[bytes, int]] = {}
-        self._peer_ip = {p: _ip_or_none(addr[0]) for p, addr in self.peers.items()}
+        self._peer_ip = ({p: _ip_or_none(addr[0]) for p, addr in self.peers.items()} if origins is None
+                         else {p: origins.get(p) for p in self.peers})
         self.rejected = 0  # datagrams that failed authentication or origin checks
 
     # ---- sockets -----------------------------------------------------------------------------

@@ -94,12 +94,13 @@ class Member:
         if self._thread is not None:
             raise RuntimeError("already started")
         peers = {m.id: m.heartbeat_address for m in self.config.peers}
-        self._hb = Heartbeat(self.node_id, self.config.me.heartbeat_address, peers, self.config.password or "",
-                             self.config.heartbeat_interval, self.config.suspect_timeout, clock=self._clock)
+        self._hb = Heartbeat(self.node_id, self.config.me.heartbeat_bind, peers, self.config.password or "",
+                             self.config.heartbeat_interval, self.config.suspect_timeout, clock=self._clock,
+                             origins={m.id: m.origin_ip for m in self.config.peers})
         try:
             self._hb.open()
         except OSError as exc:  # one line naming the listener and its address, not a traceback
-            host, port = self.config.me.heartbeat_address
+            host, port = self.config.me.heartbeat_bind
             raise OSError(exc.errno, f"heartbeat listener (UDP) {host}:{port}: "
                                      f"{os.strerror(exc.errno or 0).lower()}") from None
         self._thread = threading.Thread(target=self._run, name=f"kproxy-member-{self.node_id}", daemon=True)
@@ -112,7 +113,7 @@ class Member:
             self._thread.join(timeout)
             self._hb.close()
             if str(err) == "BindError":  # pysyncobj's one word for any failed bind
-                raise OSError(errno.EADDRINUSE, f"Raft listener (TCP) {self.config.me.raft_address}: cannot bind "
+                raise OSError(errno.EADDRINUSE, f"Raft listener (TCP) {self.config.me.raft_bind_address}: cannot bind "
                                                 "(address already in use, or not an address of this host)") from None
             raise RuntimeError(f"member {self.node_id} failed to start: {err}") from err
 

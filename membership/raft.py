@@ -79,7 +79,7 @@ _ROLES = {0: "follower", 1: "candidate", 2: "leader"}
 def syncobj_conf(config: MemberConfig) -> SyncObjConf:
     conf = SyncObjConf(
         password=config.password,
-        bindAddress=config.me.raft_address,
+        bindAddress=config.me.raft_bind_address,
         appendEntriesUseBatch=False,
         raftMinTimeout=config.raft_min_timeout,
         raftMaxTimeout=config.raft_max_timeout,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import socket
 import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -167,6 +168,10 @@ class AdminHandler(BaseHTTPRequestHandler):
             self._json(500, {"error": repr(exc)})
 
 
+class _IPv6HTTPServer(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
 class AdminServer:
     def __init__(self, host: str, port: int, *, token: str | None, status: Callable[[], dict[str, Any]],
                  metrics: Callable[[], bytes], ready: Callable[[], bool], actions: dict[str, Action],
@@ -182,7 +187,8 @@ class AdminServer:
         self.clients = clients
         handler = type("Handler", (AdminHandler,), {"admin": self})
         try:
-            self.httpd = ThreadingHTTPServer((host, port), handler)
+            server = _IPv6HTTPServer if ":" in host else ThreadingHTTPServer  # an IPv6 literal such as ::1
+            self.httpd = server((host, port), handler)
         except OSError as exc:  # one line naming the listener and its address, not a traceback
             raise OSError(exc.errno, f"admin listener (HTTP) {host}:{port}: {(exc.strerror or str(exc)).lower()}") from None
         self.httpd.daemon_threads = True
@@ -194,7 +200,7 @@ class AdminServer:
     @property
     def address(self) -> str:
         host, port = self.httpd.server_address[:2]
-        return f"{host}:{port}"
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def start(self) -> None:
         self._thread.start()

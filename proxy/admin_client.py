@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 
 from proxy.config import http_url
+from proxy.hosts import join_host_port
 from proxy.status import FleetView, NodeEndpoint, NodeStatus
 
 DEFAULT_ADMIN_PORT = 9400
@@ -149,7 +150,7 @@ class ClusterAdmin:
 
     @property
     def bootstrap(self) -> list[str]:
-        return [f"{n.bootstrap_host}:{n.bootstrap_port}" for n in self.nodes.values()]
+        return [join_host_port(n.bootstrap_host, n.bootstrap_port) for n in self.nodes.values()]
 
     @property
     def bootstrap_servers(self) -> str:

@@ -20,8 +20,10 @@ test keeps it complete)::
 
     [[nodes]]
     id = "p1"
-    host = "127.0.0.11"                  # bind and advertised address
+    host = "127.0.0.11"                  # bind address (advertised too unless advertised_host)
+    advertised_host = "proxy-1.example"  # optional: what clients and peers are told (a name or an IP)
     bootstrap_port = 9092
+    port_base = 9100                     # optional: this node's broker ports (wins over [ports].base)
     admin_port = 9400                    # optional: admin HTTP endpoint
     raft_port = 9500                     # required with [fleet]
     rack = "rack-1"                      # optional
@@ -73,6 +75,7 @@ from membership.config import unknown_key_message
 from proxy.addresses.config import KEYS as MOVER_KEYS
 from proxy.addresses.config import NONE as MOVER_NONE
 from proxy.addresses.config import MoverConfig, MoverConfigError, parse_mover_config
+from proxy.hosts import is_wildcard, join_host_port
 from topology import PortScheme
 from topology import ProxyNode as TopologyNode
 
@@ -103,17 +106,19 @@ class HostPort:
     port: int
 
     def __str__(self) -> str:
-        return f"{self.host}:{self.port}"
+        return join_host_port(self.host, self.port)
 
 
 def http_url(host: str, port: int) -> str:
     """``http://host:port``, an IPv6 host in brackets (a node's admin endpoint)."""
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    return f"http://{join_host_port(host, port)}"
 
 
 @attrs.frozen
 class NodeConfig:
     id: str
+    # The address the node binds (data listeners, admin, Raft). A wildcard (0.0.0.0, ::) binds
+    # every address of the host; then ``advertised_host`` says what clients and peers dial.
     host: str
     bootstrap_port: int
     admin_port: int | None = None
@@ -127,6 +132,18 @@ class NodeConfig:
     # command, proxy.addresses): whichever host serves the node holds it; ``host`` stays the
     # host's own address (Raft, admin, the upstream connections).
     floating_host: str | None = None
+    # What clients (Metadata, FindCoordinator, ...), peers (Raft, heartbeats) and the CLI are
+    # told: an IP or a DNS name reaching ``host`` from outside (NAT, a container's published
+    # ports). None: ``host`` itself.
+    advertised_host: str | None = None
+    # This node's port of broker B is port_base + B (nodes sharing one address, such as ::1,
+    # differ by it); None: ``[ports]``.
+    port_base: int | None = None
+
+    @property
+    def advertised(self) -> str:
+        """The host clients and the other nodes dial to reach this node."""
+        return self.advertised_host or self.host
 
 
 # Fetch v16+ responses carry KIP-951 node_endpoints (broker addresses) in a
@@ -222,12 +239,17 @@ def proxy_nodes(config: Config) -> tuple[TopologyNode, ...]:
     port and the port scheme ``[ports]`` gives every node. The one place that
     turns the config into the fleet's node table (the data path binds, and
     membership advertises, from what this returns)."""
-    ports = PortScheme(base=config.port_base, explicit=dict(config.port_map))
     try:
-        return tuple(TopologyNode(id=n.id, host=n.floating_host or n.host, bootstrap_port=n.bootstrap_port, rack=n.rack, ports=ports)
+        return tuple(TopologyNode(id=n.id, host=n.floating_host or n.advertised, bootstrap_port=n.bootstrap_port,
+                                  rack=n.rack, ports=_port_scheme(config, n))
                      for n in config.nodes)
     except ValueError as exc:
         raise ConfigError("nodes", str(exc)) from None
+
+
+def _port_scheme(config: Config, node: NodeConfig) -> PortScheme:
+    base = config.port_base if node.port_base is None else node.port_base
+    return PortScheme(base=base, explicit=dict(config.port_map))
 
 
 def proxy_node(config: Config, node_id: str) -> TopologyNode:
@@ -436,8 +458,6 @@ def _parse_ports(ports_raw: Mapping[str, Any]) -> tuple[int | None, dict[int, in
         except ValueError:
             raise ConfigError(f"ports.map.{k}", "keys must be broker ids (integers)") from None
         port_map[bid] = _port(v, f"ports.map.{k}")
-    if base is None and not port_map:
-        raise ConfigError("ports", "set ports.base (broker B on base + B) or ports.map")
     if len(set(port_map.values())) != len(port_map):
         raise ConfigError("ports.map", "two broker ids map to the same port")
     return base, port_map
@@ -449,9 +469,13 @@ def _parse_node(n: Any, path: str) -> NodeConfig:
     _check_keys(n, path, SECTION_KEYS["nodes"])
     admin_port = _get(n, "admin_port", f"{path}.admin_port", int, None)
     raft_port = _get(n, "raft_port", f"{path}.raft_port", int, None)
+    advertised = _get(n, "advertised_host", f"{path}.advertised_host", str, None)
+    port_base = _get(n, "port_base", f"{path}.port_base", int, None)
     node = NodeConfig(
         id=_get(n, "id", f"{path}.id", str),
         host=_host(_get(n, "host", f"{path}.host", str), f"{path}.host"),
+        advertised_host=None if advertised is None else _host(advertised, f"{path}.advertised_host"),
+        port_base=None if port_base is None else _port(port_base, f"{path}.port_base"),
         bootstrap_port=_port(_get(n, "bootstrap_port", f"{path}.bootstrap_port", int), f"{path}.bootstrap_port"),
         admin_port=None if admin_port is None else _port(admin_port, f"{path}.admin_port"),
         raft_port=None if raft_port is None else _port(raft_port, f"{path}.raft_port"),
@@ -484,9 +508,9 @@ def _parse_nodes(nodes_raw: list[Any]) -> tuple[NodeConfig, ...]:
     ids = [n.id for n in nodes]
     if len(set(ids)) != len(ids):
         raise ConfigError("nodes", f"node ids must be unique, got {ids}")
-    addrs = [(n.host, n.bootstrap_port) for n in nodes]
+    addrs = [(n.advertised.lower(), n.bootstrap_port) for n in nodes]
     if len(set(addrs)) != len(addrs):
-        raise ConfigError("nodes", "two nodes share one host and bootstrap_port")
+        raise ConfigError("nodes", "two nodes share one advertised host and bootstrap_port")
     return nodes
 
 
@@ -560,17 +584,59 @@ def _parse_fleet(fleet_raw: Mapping[str, Any], nodes: tuple[NodeConfig, ...], en
 
 
 def _check_node_ports(nodes: tuple[NodeConfig, ...], base: int | None, port_map: Mapping[int, int]) -> None:
-    """A node's own ports differ from each other and from every broker identity port."""
+    """A node's own ports differ from each other and from every broker identity port; its hosts
+    are valid; nodes sharing an address (advertised or bound: ``::1`` for several nodes) use
+    disjoint ports."""
     for i, n in enumerate(nodes):
-        used = [("bootstrap_port", n.bootstrap_port)]
-        used += [(k, getattr(n, k)) for k in ("admin_port", "raft_port") if getattr(n, k) is not None]
+        node_base = base if n.port_base is None else n.port_base
+        key_base = "ports.base" if n.port_base is None else f"nodes[{i}].port_base"
+        if node_base is None and not port_map:
+            raise ConfigError("ports", "set ports.base (broker B on base + B), ports.map or every node's port_base")
+        if node_base is not None and node_base + BASE_WINDOW - 1 > MAX_PORT:
+            raise ConfigError(key_base, f"{node_base} + {BASE_WINDOW - 1} (the highest broker id's port) "
+                                        f"exceeds {MAX_PORT}")
+        used = _own_ports(n)
         ports = [p for _, p in used]
         if len(set(ports)) != len(ports):
             raise ConfigError(f"nodes[{i}]", f"bootstrap/admin/raft ports must differ, got {dict(used)}")
         for key, p in used:
-            if p in port_map.values() or (base is not None and base <= p < base + BASE_WINDOW):
+            if p in port_map.values() or (node_base is not None and node_base <= p < node_base + BASE_WINDOW):
                 raise ConfigError(f"nodes[{i}].{key}", f"port {p} collides with the broker identity ports")
         _check_ip(n.host, f"nodes[{i}].host")
+        if n.advertised_host is not None:
+            _check_ip(n.advertised_host, f"nodes[{i}].advertised_host")
+            if is_wildcard(n.advertised_host):
+                raise ConfigError(f"nodes[{i}].advertised_host", f"{n.advertised_host} binds every address but "
+                                  "clients cannot dial it: give this node's IP or DNS name")
+        elif is_wildcard(n.host):
+            raise ConfigError(f"nodes[{i}].advertised_host", f"is required when host is {n.host} (every address): "
+                              "clients and peers need an IP or DNS name to dial")
+    _check_shared_addresses(nodes, base, port_map)
+
+
+def _own_ports(n: NodeConfig) -> list[tuple[str, int]]:
+    used = [("bootstrap_port", n.bootstrap_port)]
+    return used + [(k, getattr(n, k)) for k in ("admin_port", "raft_port") if getattr(n, k) is not None]
+
+
+def _check_shared_addresses(nodes: tuple[NodeConfig, ...], base: int | None, port_map: Mapping[int, int]) -> None:
+    """Two nodes advertised at one address (several on ``::1``) must not share a port: their own
+    ports and their broker port windows (``base`` .. ``base + 255``, the map's ports) are disjoint.
+    Bind hosts are not compared: nodes on different hosts may bind the same wildcard or the same
+    private address (a container's 172.17.0.2); a clash on one host is the kernel's to report."""
+    claimed: dict[tuple[str, int], str] = {}
+    for i, n in enumerate(nodes):
+        node_base = base if n.port_base is None else n.port_base
+        ports = [p for _, p in _own_ports(n)] + list(port_map.values())
+        if node_base is not None:
+            ports += range(node_base, node_base + BASE_WINDOW)
+        host = n.advertised.lower()
+        for p in set(ports):
+            other = claimed.setdefault((host, p), n.id)
+            if other != n.id:
+                raise ConfigError(f"nodes[{i}]", f"nodes {other} and {n.id} both use {host} port {p}: nodes "
+                                  "sharing an address need their own ports (nodes[].port_base, bootstrap_port, "
+                                  "admin_port, raft_port)")
 
 
 def _check_ip(host: str, path: str) -> None:

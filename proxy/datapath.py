@@ -44,6 +44,7 @@ from proxy.discovery import BrokerDiscovery
 from proxy.drain import CloseListeners, DrainAt, DrainConnections, NodeDrain, Rebind
 from proxy.errors import ProtocolError, RewriteError, UnknownBroker
 from proxy.fleet_metrics import FleetCollector, FleetSample
+from proxy.hosts import join_host_port, source_address
 from proxy.listeners import Listeners, client_capacity
 from proxy.logs import describe_error
 from proxy.metrics import ProxyMetrics
@@ -110,14 +111,15 @@ class DataPath:
         self._setup_tls(config)
         self.listeners = Listeners(self.node, self.registry, reuse_port=self.takeover_enabled or reuse_port,
                                    on_bound=self._bound_changed, tls=self.listener_tls,
-                                   plaintext=self._plaintext_listeners)
+                                   plaintext=self._plaintext_listeners, bind_host=self.local.host)
         self.discovery = BrokerDiscovery(config, self.local.host, self.listeners, self.registry,
                                          security=self.upstream_security)
         if fleet:  # a forgotten broker's listener stays while the fleet's map still lists it
             self.discovery.held = lambda: self._owners.keys()
-        # Upstream connections leave from this node's own address (like a separate host); with
-        # floating addresses, from the host's own one, which never moves.
-        self._source = (self.local.host, 0)
+        # Upstream connections leave from this node's own bound address (like a separate host)
+        # when it is one IP of the broker's family (proxy.config.source_address); with floating
+        # addresses, from the host's own one, which never moves.
+        self._bind_host = self.local.host
         self.started_at = time.time()
         self.metrics.registry.register(FleetCollector(node_id, self._fleet_sample))
 
@@ -214,7 +216,7 @@ class DataPath:
 
     @property
     def bootstrap_address(self) -> str:
-        return f"{self.node.host}:{self.node.bootstrap_port}"
+        return join_host_port(self.node.host, self.node.bootstrap_port)
 
     @property
     def unbound(self) -> list[int]:
@@ -333,11 +335,13 @@ class DataPath:
                 # asyncio.timeout, not wait_for: no second task per connect (a storm makes thousands).
                 async with asyncio.timeout(self.config.limits.connect_timeout_s):
                     if tls is None:
-                        transport, _ = await loop.create_connection(lambda: UpstreamSide(pair), address.host,
-                                                                    address.port, local_addr=self._source)
+                        transport, _ = await loop.create_connection(
+                            lambda: UpstreamSide(pair), address.host, address.port,
+                            local_addr=source_address(self._bind_host, address.host))
                     else:
                         transport, _ = await loop.create_connection(
-                            lambda: UpstreamSide(pair), address.host, address.port, local_addr=self._source,
+                            lambda: UpstreamSide(pair), address.host, address.port,
+                            local_addr=source_address(self._bind_host, address.host),
                             ssl=tls, server_hostname=address.host, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
             except (OSError, TimeoutError) as exc:
                 if tls is not None and isinstance(exc, ssl.SSLError):

@@ -1,8 +1,15 @@
 """The sockets a node listens on: its own (bootstrap and one per broker
 identity) and the vacant nodes' addresses it stands in on.
 
-Ports come from the node's ``topology.ProxyNode`` (``proxy.config.proxy_node``).
-With address takeover every listener uses SO_REUSEPORT: the node and its
+Ports come from the node's ``topology.ProxyNode`` (``proxy.config.proxy_node``);
+its ``host`` is what clients are told, while the node's own listeners bind
+``bind_host`` (``nodes[].host``: the same address, or a wildcard such as 0.0.0.0
+behind NAT or in a container). A stand-in binds the vacant node's *advertised*
+host, the address its clients kept dialling: that works where the address can be
+bound here (any 127/8 address on loopback, a floating IP moved to this host, a
+DNS name resolving to one); elsewhere (a name or a NAT address of the vacant
+node's own host) the bind fails, is logged once, and clients move on Metadata
+alone. With address takeover every listener uses SO_REUSEPORT: the node and its
 stand-ins share ports while it comes back. What to stand in on is decided by
 :class:`proxy.takeover.TakeoverReconciler`; this module executes its actions.
 
@@ -25,6 +32,7 @@ from collections.abc import Callable, Iterable
 
 from membership.serving import BOOTSTRAP, StandIn
 from proxy.connection import ClientSide
+from proxy.hosts import join_host_port
 from proxy.logs import describe_error
 from proxy.registry import ConnectionRegistry
 from proxy.takeover import Bind, Release, TakeoverReconciler
@@ -84,10 +92,12 @@ def listen_backlog(wanted: int, cap: int | None) -> int:
 class Listeners:
     def __init__(self, node: ProxyNode, registry: ConnectionRegistry, *, reuse_port: bool,
                  on_bound: Callable[[frozenset[int]], None], tls: TlsEndpoint | None = None,
-                 plaintext: frozenset[int] = frozenset()) -> None:
+                 plaintext: frozenset[int] = frozenset(), bind_host: str | None = None) -> None:
         """``tls``: every listener but those in ``plaintext`` (BOOTSTRAP or broker ids) speaks TLS,
-        own and stand-in alike (proxy.connection runs the handshake)."""
+        own and stand-in alike (proxy.connection runs the handshake). ``bind_host``: where the
+        node's own listeners bind (default: ``node.host``, the advertised host)."""
         self.node = node
+        self.bind_host = node.host if bind_host is None else bind_host
         self.tls = tls
         self.plaintext = plaintext
         self.registry = registry
@@ -110,10 +120,11 @@ class Listeners:
         if BOOTSTRAP not in self.own:
             try:
                 self.own[BOOTSTRAP] = await asyncio.get_running_loop().create_server(
-                    self._factory(BOOTSTRAP), self.node.host, self.node.bootstrap_port, reuse_address=True,
+                    self._factory(BOOTSTRAP), self.bind_host, self.node.bootstrap_port, reuse_address=True,
                     reuse_port=self.reuse_port, backlog=self.backlog)
             except OSError as exc:  # one line naming the listener and its address, not a traceback
-                raise OSError(exc.errno, f"bootstrap listener {self.node.host}:{self.node.bootstrap_port}: "
+                address = join_host_port(self.bind_host, self.node.bootstrap_port)
+                raise OSError(exc.errno, f"bootstrap listener {address}: "
                                          f"{os.strerror(exc.errno or 0).lower()}") from None
 
     async def bind_identities(self, broker_ids: Iterable[int]) -> None:
@@ -126,18 +137,18 @@ class Listeners:
         for b in broker_ids:
             if b in self.own:
                 continue
-            host, port = self.node.host, None
+            host, port = self.bind_host, None
             try:
-                host, port = self.node.address_for(b)
+                port = self.node.ports.port_for(b)
                 self.own[b] = await asyncio.get_running_loop().create_server(
                     self._factory(b), host, port, reuse_address=True, reuse_port=self.reuse_port,
                     backlog=self.backlog)
             except (OSError, ValueError) as exc:
-                log.error("listener bind failed", extra={"broker": b, "address": f"{host}:{port}",
+                log.error("listener bind failed", extra={"broker": b, "address": join_host_port(host, port),
                                                          "reason": describe_error(exc)})
                 continue
             added.append(b)
-            log.info("listener bound", extra={"broker": b, "address": f"{host}:{port}"})
+            log.info("listener bound", extra={"broker": b, "address": join_host_port(host, port)})
         if added:
             self.bound = self.bound | frozenset(added)
             self._on_bound(self.bound)
@@ -191,12 +202,12 @@ class Listeners:
                 except OSError as exc:
                     if self.takeover.bind_failed(action.key):  # log once per vacancy
                         log.warning("cannot stand in for a vacant node's address",
-                                    extra={"node": action.key[0], "address": f"{action.host}:{action.port}",
+                                    extra={"node": action.key[0], "address": join_host_port(action.host, action.port),
                                            "reason": str(exc)})
                     continue
                 self.takeover.bound(action.key)
                 log.info("standing in for a vacant node", extra={"node": action.key[0], "listener": action.key[1],
-                                                                 "address": f"{action.host}:{action.port}"})
+                                                                 "address": join_host_port(action.host, action.port)})
 
     def _release(self, action: Release) -> None:
         self._stand_ins.pop(action.key).close()
@@ -209,7 +220,7 @@ class Listeners:
 
     @property
     def stand_in_addresses(self) -> list[str]:
-        return sorted(f"{s.sockets[0].getsockname()[0]}:{s.sockets[0].getsockname()[1]}"
+        return sorted(join_host_port(*s.sockets[0].getsockname()[:2])
                       for s in self._stand_ins.values() if s.sockets)
 
     def close_all(self) -> None:

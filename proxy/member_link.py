@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Callable, Iterable
 
@@ -20,6 +21,7 @@ from membership.member import Member
 from membership.serving import ServingMap
 from proxy.config import Config, ConfigError, proxy_nodes
 from proxy.datapath import DataPath
+from proxy.hosts import is_wildcard, join_host_port
 from proxy.upstream import UpstreamBroker
 from topology import Broker
 
@@ -36,7 +38,9 @@ def member_config(config: Config, node_id: str) -> MemberConfig:
     members = []
     for n, node in zip(config.nodes, proxy_nodes(config)):
         assert n.raft_port is not None
-        members.append(MemberSpec(node=node, raft_host=n.host, raft_port=n.raft_port))
+        # The others dial a member's advertised host; it binds its own (a wildcard behind NAT).
+        members.append(MemberSpec(node=node, raft_host=n.advertised, raft_port=n.raft_port,
+                                  bind_host=None if n.host == n.advertised else n.host))
     f = config.fleet
     try:
         return MemberConfig(node_id=node_id, members=tuple(members), password=f.password,
@@ -48,11 +52,32 @@ def member_config(config: Config, node_id: str) -> MemberConfig:
         raise ConfigError(_FIELD.get(exc.field, f"fleet.{exc.field}"), str(exc)) from None
 
 
-def start_member(member: Member, host: str, brokers: Iterable[UpstreamBroker]) -> None:
+def check_raft_ports(config: Config, node_id: str) -> None:
+    """Raise a one-line OSError naming the address if this member's Raft (TCP) or heartbeat
+    (UDP) port cannot be bound here. A node checks before it binds any data listener, but joins
+    Raft only after they are bound: a member is assigned identities ``rebalance_delay_s`` after
+    it is heard, and must be able to serve them by then."""
+    me = member_config(config, node_id).me
+    host, _, port = me.raft_bind_address.rpartition(":")
+    checks = (("Raft listener (TCP)", socket.SOCK_STREAM, (host, int(port))),
+              ("heartbeat listener (UDP)", socket.SOCK_DGRAM, me.heartbeat_bind))
+    for what, kind, address in checks:
+        try:
+            family = socket.getaddrinfo(address[0], address[1], type=kind)[0][0]
+            with socket.socket(family, kind) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as pysyncobj binds: TIME_WAIT is no obstacle
+                s.bind(address)
+        except OSError as exc:
+            reason = (exc.strerror or str(exc)).lower()
+            raise OSError(exc.errno, f"{what} {join_host_port(*address)}: cannot bind ({reason})") from None
+
+
+def start_member(member: Member, bind_host: str, brokers: Iterable[UpstreamBroker]) -> None:
     """Start ``member`` (blocks until Raft is up) with the brokers the data path knows so far."""
     from membership.raft import bind_outgoing
 
-    bind_outgoing(host)  # Raft traffic leaves from this node's own address
+    if not is_wildcard(bind_host):
+        bind_outgoing(bind_host)  # Raft traffic leaves from this node's own address
     member.start()
     report_brokers(member, brokers)
 

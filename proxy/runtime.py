@@ -1,9 +1,13 @@
 """One proxy node process: data path + (optional) fleet member + admin endpoint.
 
-``run(config, node_id)`` is what ``kproxy run`` calls. It installs uvloop, starts
-the data path (which discovers the upstream brokers and binds its listeners),
-joins the fleet when ``[fleet]`` is configured, serves the admin endpoint, and
-stops cleanly on SIGTERM/SIGINT.
+``run(config, node_id)`` is what ``kproxy run`` calls (after taking the node's
+lock, cli/instance_lock.py). It installs uvloop, binds the admin endpoint and
+checks the Raft ports first (a port in use ends the start before any data
+listener takes a client), then starts the data path (which discovers the
+upstream brokers and binds its listeners), then joins the fleet when
+``[fleet]`` is configured (not before: a member is assigned identities soon
+after it is heard, and must be listening by then), and stops cleanly on
+SIGTERM/SIGINT.
 """
 
 from __future__ import annotations
@@ -104,7 +108,7 @@ class NodeRuntime:
         return node_status(datapath, serving, self.link.member.status() if self.link is not None else None,
                            pid=os.getpid(), ready=self.ready,
                            # Where every node of the fleet answers: `cluster --admin URL` needs only one.
-                           admin_endpoints={n.id: http_url(n.host, n.admin_port) for n in self.config.nodes
+                           admin_endpoints={n.id: http_url(n.advertised, n.admin_port) for n in self.config.nodes
                                             if n.admin_port is not None})
 
     def _ready(self) -> bool:
@@ -120,8 +124,13 @@ class NodeRuntime:
         self.loop.call_soon_threadsafe(self.loop.call_later, KILL_DELAY_S, os.kill, os.getpid(), SIGNALS[name])
         return {"node": self.node_id, "signal": name, "in_s": KILL_DELAY_S}
 
+    def _refuse_while_joining(self) -> None:
+        if self.config.fleet is not None and self.link is None:  # the admin endpoint is up before Raft
+            raise TimeoutError(f"node {self.node_id} is starting: not in the fleet yet, ask again")
+
     def _drain(self, body: dict[str, Any]) -> dict[str, Any]:
         target = str(body.get("node", self.node_id))
+        self._refuse_while_joining()
         if self.link is None:
             if target != self.node_id:
                 raise LookupError(f"node {target!r} is not this node and there is no fleet to forward to")
@@ -158,6 +167,7 @@ class NodeRuntime:
 
     def _undrain(self, body: dict[str, Any]) -> dict[str, Any]:
         target = str(body.get("node", self.node_id))
+        self._refuse_while_joining()
         if self.link is None:
             raise LookupError("no fleet: nothing to undrain")
         if target not in {n.id for n in self.config.nodes}:
@@ -167,29 +177,13 @@ class NodeRuntime:
     # -------------------------------------------------------------- running
     async def serve(self) -> None:
         self.loop = asyncio.get_running_loop()
-        await self.datapath.start()
-        if self.config.fleet is not None:
-            from membership.member import Member
-            from proxy.member_link import MemberLink, member_config
-
-            member = Member(member_config(self.config, self.node_id), formats=node_formats())
-            self.link = MemberLink(self.datapath, member, self.loop)
-            await self.loop.run_in_executor(None, self.link.start)  # blocks until Raft is up
-            await self._admitted(member)
-            self.loop.run_in_executor(None, self._rejoin)
-            self._share_clients()
-        if self.local.admin_port is not None:
-            self.admin = AdminServer(
-                self.local.host, self.local.admin_port, token=self.config.admin_token,
-                status=lambda: self.status().to_json(),
-                metrics=self.datapath.metrics.render, ready=self._ready,
-                actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain,
-                         "reload": lambda _body: self._call_in_loop(self.reload, "admin"),
-                         **membership_actions(lambda: self.link.member if self.link is not None else None)},
-                clients=self._clients if self.datapath.floating is not None else None,
-                ssl_context=admin_context(self.config.security.admin)
-                if self.config.security is not None and self.config.security.admin is not None else None)
-            self.admin.start()
+        self._start_admin()
+        try:
+            await self._start_serving()
+        except BaseException:
+            if self.admin is not None:
+                self.admin.stop()
+            raise
         self.ready = True
         self.datapath.watch_stalls()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -246,9 +240,44 @@ class NodeRuntime:
             return
         from proxy.addresses.peers import PeerClients
 
-        peers = {n.id: http_url(n.host, n.admin_port) for n in self.config.nodes
+        peers = {n.id: http_url(n.advertised, n.admin_port) for n in self.config.nodes
                  if n.id != self.node_id and n.admin_port is not None}
         self.peer_clients = floating.peer_clients = PeerClients(peers, self.config.admin_token).start()
+
+    def _start_admin(self) -> None:
+        """Bound before any data listener (it reports "not ready" until the node serves)."""
+        if self.local.admin_port is None:
+            return
+        self.admin = AdminServer(
+            self.local.host, self.local.admin_port, token=self.config.admin_token,
+            status=lambda: self.status().to_json(),
+            metrics=self.datapath.metrics.render, ready=self._ready,
+            actions={"kill": self._kill, "drain": self._drain, "undrain": self._undrain,
+                     "reload": lambda _body: self._call_in_loop(self.reload, "admin"),
+                     **membership_actions(lambda: self.link.member if self.link is not None else None)},
+            clients=self._clients if self.datapath.floating is not None else None,
+            ssl_context=admin_context(self.config.security.admin)
+            if self.config.security is not None and self.config.security.admin is not None else None)
+        self.admin.start()
+
+    async def _start_serving(self) -> None:
+        """Raft ports checked, then the data listeners, then the fleet (see the module doc)."""
+        assert self.loop is not None
+        if self.config.fleet is not None:
+            from proxy.member_link import check_raft_ports
+
+            check_raft_ports(self.config, self.node_id)
+        await self.datapath.start()
+        if self.config.fleet is not None:
+            from membership.member import Member
+            from proxy.member_link import MemberLink, member_config
+
+            member = Member(member_config(self.config, self.node_id), formats=node_formats())
+            self.link = MemberLink(self.datapath, member, self.loop)
+            await self.loop.run_in_executor(None, self.link.start)  # blocks until Raft is up
+            await self._admitted(member)
+            self.loop.run_in_executor(None, self._rejoin)
+            self._share_clients()
 
     def _rejoin(self) -> None:
         from proxy.member_link import rejoin

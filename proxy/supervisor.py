@@ -47,6 +47,7 @@ from proxy import logs
 from proxy.admin import AdminServer, membership_actions
 from proxy.config import Config, ConfigError, http_url
 from proxy.datapath import DataPathStatus
+from proxy.hosts import join_host_port
 from proxy.metrics import render_families, worker_restarts_family
 from proxy.status import NodeStatus, WorkerRow, node_status
 from proxy.upstream import UpstreamBroker
@@ -238,7 +239,7 @@ class Supervisor:
         reports: dict[int, WorkerReport | None] = await self.ask_all(ASK_STATUS)
         answered = [r for r in reports.values() if isinstance(r, WorkerReport)]
         datapath = (merge_datapath_status([r.status for r in answered]) if answered
-                    else DataPathStatus(self.node_id, f"{self.local.host}:{self.local.bootstrap_port}",
+                    else DataPathStatus(self.node_id, join_host_port(self.local.advertised, self.local.bootstrap_port),
                                         (), (), (), 0, False, ()))
         if self.fleet:
             serving = applied
@@ -256,7 +257,7 @@ class Supervisor:
                 version=report.serving.version if isinstance(report, WorkerReport) else None))
         return node_status(datapath, serving, self.member.status() if self.member is not None else None,
                            pid=os.getpid(), ready=self._all_ready(), workers=tuple(rows),
-                           admin_endpoints={n.id: http_url(n.host, n.admin_port) for n in self.config.nodes
+                           admin_endpoints={n.id: http_url(n.advertised, n.admin_port) for n in self.config.nodes
                                             if n.admin_port is not None})
 
     def _all_ready(self) -> bool:
@@ -297,8 +298,13 @@ class Supervisor:
                 os.kill(handle.pid, sig)
             os.kill(os.getpid(), sig)
 
+    def _refuse_while_joining(self) -> None:
+        if self.fleet and self.member is None:  # the admin endpoint is up before Raft
+            raise TimeoutError(f"node {self.node_id} is starting: not in the fleet yet, ask again")
+
     def _drain(self, body: dict[str, Any]) -> dict[str, Any]:
         target = str(body.get("node", self.node_id))
+        self._refuse_while_joining()
         if self.member is None:
             if target != self.node_id:
                 raise LookupError(f"node {target!r} is not this node and there is no fleet to forward to")
@@ -344,6 +350,7 @@ class Supervisor:
 
     def _undrain(self, body: dict[str, Any]) -> dict[str, Any]:
         target = str(body.get("node", self.node_id))
+        self._refuse_while_joining()
         if self.member is None:
             raise LookupError("no fleet: nothing to undrain")
         if target not in {n.id for n in self.config.nodes}:
@@ -352,17 +359,9 @@ class Supervisor:
 
     # -------------------------------------------------------------- running
     async def serve(self) -> None:
+        """The admin endpoint and the Raft port check first, then the workers (the data listeners),
+        then the fleet: the order and its reasons are proxy.runtime's."""
         self.loop = asyncio.get_running_loop()
-        for i in range(self.count):
-            self._spawn(i)
-        await self._wait(lambda: len(self.handles) == self.count and all(h.ready for h in self.handles.values()),
-                         START_TIMEOUT_S, "every worker ready")
-        if self.fleet:
-            try:
-                await self._start_member()
-            except Exception:  # membership.member.FormatRefused: not a member of this fleet
-                await self.shutdown()
-                raise
         if self.local.admin_port is not None:
             self.admin = AdminServer(
                 self.local.host, self.local.admin_port, token=self.config.admin_token,
@@ -371,6 +370,15 @@ class Supervisor:
                                             "reload": lambda _body: self._call(self._reload_async),
                                             **membership_actions(lambda: self.member)})
             self.admin.start()
+        try:
+            await self._start_serving()
+        except BaseException:
+            self._stopping = True
+            for handle in list(self.handles.values()):
+                handle.proc.kill()
+            if self.admin is not None:
+                self.admin.stop()
+            raise
         self.ready = True
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopped.set)
@@ -384,6 +392,22 @@ class Supervisor:
             await self.shutdown()
         if self.refused is not None:
             raise self.refused
+
+    async def _start_serving(self) -> None:
+        if self.fleet:
+            from proxy.member_link import check_raft_ports
+
+            check_raft_ports(self.config, self.node_id)
+        for i in range(self.count):
+            self._spawn(i)
+        await self._wait(lambda: len(self.handles) == self.count and all(h.ready for h in self.handles.values()),
+                         START_TIMEOUT_S, "every worker ready")
+        if self.fleet:
+            try:
+                await self._start_member()
+            except Exception:  # membership.member.FormatRefused: not a member of this fleet
+                await self.shutdown()
+                raise
 
     async def _start_member(self) -> None:
         from membership.member import FormatRefused, Member
@@ -425,6 +449,7 @@ class Supervisor:
 
     async def shutdown(self) -> None:
         """SIGTERM: publish a map without this node, drain every worker's clients, then stop the workers."""
+        log.info("stopping: draining clients first", extra={"node": self.node_id, "drain_timeout_s": GRACEFUL_DRAIN_S})
         self.ready = False
         assert self.loop is not None
         # A refused node is no member of this fleet: nothing of it to move.
@@ -447,3 +472,4 @@ class Supervisor:
             self.admin.stop()
         if self.member is not None:
             self.member.stop()
+        log.info("node stopped", extra={"node": self.node_id, "workers": len(handles)})

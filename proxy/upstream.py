@@ -27,6 +27,7 @@ from kio.static.primitive import i16, i32
 
 from proxy import sasl
 from proxy.config import HostPort
+from proxy.hosts import source_address
 from proxy.logs import describe_error
 from proxy.security_config import UpstreamSasl
 
@@ -117,7 +118,7 @@ async def _login(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, log
 async def fetch_brokers(address: HostPort, timeout: float = 5.0, source: str | None = None,
                         security: UpstreamSecurity = PLAINTEXT) -> list[UpstreamBroker]:
     cid = next(_correlation)
-    local = (source, 0) if source else None
+    local = source_address(source, address.host) if source else None
     reader, writer = await asyncio.wait_for(
         asyncio.open_connection(address.host, address.port, local_addr=local, ssl=security.tls,
                                 server_hostname=security.server_hostname(address.host)), timeout)

@@ -120,8 +120,9 @@ def _default_ports(node: ProxyNode) -> PortScheme:
 class ProxyNode:
     """One proxy of the fleet as clients see it.
 
-    ``host`` is the address it advertises (and binds: its own host or its own
-    loopback address), ``bootstrap_port`` the port clients bootstrap on, and
+    ``host`` is the address it advertises: what clients and the other nodes dial
+    (the node may bind another, such as 0.0.0.0 behind NAT: ``nodes[].host``
+    in proxy.config; ``nodes[].advertised_host`` becomes this), ``bootstrap_port`` the port clients bootstrap on, and
     ``ports`` the port it binds for each broker identity. The default scheme is
     ``bootstrap_port + 1 + broker_id``.
     """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 import click
 from rich.console import Console
@@ -169,12 +170,7 @@ def bench_workers(workers: str, rounds: int, duration: float, connections: int, 
     """Request-heavy produce (small batches, acks=all): requests/s and node CPU-µs per request, W = 1 vs 2."""
     from chaos.bench.workers import NODE_IPS, run
 
-    try:
-        counts = tuple(int(w) for w in workers.split(",") if w.strip())
-    except ValueError:
-        raise click.BadParameter("a comma-separated list of integers", param_hint="--workers") from None
-    if not counts or any(w not in NODE_IPS for w in counts):
-        raise click.BadParameter(f"worker counts among {sorted(NODE_IPS)}", param_hint="--workers")
+    counts = _worker_counts(workers, NODE_IPS)
     console = Console(stderr=True)
     results = run(counts, rounds=rounds, duration_s=duration, connections=connections, depth=depth,
                   acks=-1 if acks == "all" else 1, progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
@@ -185,6 +181,17 @@ def bench_workers(workers: str, rounds: int, duration: float, connections: int, 
         click.echo(f"{arm:>6}: {row['requests_per_s']} requests/s"
                    + (f", {row['cpu_us_per_request']} CPU-µs/request, ratio to direct {row['ratio_to_direct']}"
                       if arm != "direct" else ""))
+
+
+def _worker_counts(text: str, allowed: Iterable[int]) -> tuple[int, ...]:
+    """``--workers 1,2``: the worker counts asked for, each one the bench has a node address for."""
+    try:
+        counts = tuple(int(w) for w in text.split(",") if w.strip())
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of integers", param_hint="--workers") from None
+    if not counts or any(w not in allowed for w in counts):
+        raise click.BadParameter(f"worker counts among {sorted(allowed)}", param_hint="--workers")
+    return counts
 
 
 @bench.command("handshakes")
@@ -202,12 +209,7 @@ def bench_handshakes(workers: str, rounds: int, duration: float, clients: int, t
     """The TLS handshake rate of one node: handshakes/s and handshakes per node CPU second, W = 1 vs 2."""
     from chaos.bench.handshakes import NODE_IPS, run
 
-    try:
-        counts = tuple(int(w) for w in workers.split(",") if w.strip())
-    except ValueError:
-        raise click.BadParameter("a comma-separated list of integers", param_hint="--workers") from None
-    if not counts or any(w not in NODE_IPS for w in counts):
-        raise click.BadParameter(f"worker counts among {sorted(NODE_IPS)}", param_hint="--workers")
+    counts = _worker_counts(workers, NODE_IPS)
     console = Console(stderr=True)
     results = run(counts, rounds=rounds, duration_s=duration, clients=clients, tls_version=tls_version,
                   progress=lambda m: console.print(f"[dim]… {m}[/dim]"))

@@ -78,17 +78,11 @@ class Admission:
     node holds before this one."""
 
     def __init__(self, max_connections: int, accepts_per_source_per_s: float) -> None:
-        if max_connections < 1:
-            raise ValueError("max_connections must be at least 1")
-        if accepts_per_source_per_s < 0:
-            raise ValueError("accepts_per_source_per_s must be 0 (no limit) or positive")
-        self.max_connections = max_connections
-        self.rate = float(accepts_per_source_per_s)
-        self.capacity = max(self.rate, 1.0)  # one second's worth, at least one connection
         self._buckets: dict[str, _Bucket] = {}
         self._logs: dict[tuple[str, RefusalReason], _LogState] = {}
         self._pruned_at: float | None = None
         self.refused: dict[RefusalReason, int] = {r: 0 for r in RefusalReason}
+        self.retune(max_connections, accepts_per_source_per_s)
 
     def retune(self, max_connections: int, accepts_per_source_per_s: float) -> None:
         """New limits (a config reload): the next ``admit`` uses them. Connections held are
@@ -100,7 +94,7 @@ class Admission:
             raise ValueError("accepts_per_source_per_s must be 0 (no limit) or positive")
         self.max_connections = max_connections
         self.rate = float(accepts_per_source_per_s)
-        self.capacity = max(self.rate, 1.0)
+        self.capacity = max(self.rate, 1.0)  # one second's worth, at least one connection
         for bucket in self._buckets.values():
             bucket.tokens = min(bucket.tokens, self.capacity)
 

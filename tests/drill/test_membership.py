@@ -11,7 +11,6 @@ exit 2 with the reason."""
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 from click.testing import CliRunner
@@ -21,6 +20,7 @@ from chaos.measures import percentile
 from chaos.testbed.fleet import LocalFleet
 from cli.exit_codes import EXIT_USAGE
 from cli.main import cli
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.drill, pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -56,12 +56,7 @@ def per_change(result: dict) -> list[dict]:
 
 
 def _wait(condition, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.05)  # poll interval
-    raise AssertionError(f"{what} not reached within {timeout}s")
+    wait_for(condition, what, timeout)
 
 
 def test_cli_refuses_what_would_lose_quorum(fleet):

@@ -8,11 +8,10 @@ old release is then refused in turn."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from chaos.clients import batch as clients
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -30,16 +29,6 @@ def fleet(kafka_cluster, tmp_path_factory):
     finally:
         f.down()
 
-
-def _wait_for(condition, what: str, timeout: float = 30.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def _restart(fleet, node_id: str, formats: str | None, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -90,7 +79,7 @@ def test_a_next_release_node_joins_and_serves_an_incompatible_one_is_refused(fle
         _restart(fleet, node_id, "1-2", monkeypatch)
         fleet.nodes[node_id].wait_ready(60)
         fleet.wait_healthy(60)
-    _wait_for(lambda: all(s is not None and s.state_format == 2 for s in fleet.statuses().values()),
+    wait_for(lambda: all(s is not None and s.state_format == 2 for s in fleet.statuses().values()),
               "format 2 committed on every node")
     view = fleet.fleet_view().to_json()  # what `kproxy cluster status --json` prints
     assert view["state_format"] == 2 and view["member_formats"] == {"p1": "1..2", "p2": "1..2", "p3": "1..2"}

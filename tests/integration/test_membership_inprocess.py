@@ -5,13 +5,13 @@ the old (three-member) file learns the current members from the fleet."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
 from membership.config import MemberConfig, MemberSpec
 from membership.member import Member
 from membership.roster import ChangeRefused
+from tests import waiting
 from tests.integration.test_raft import free_port
 from topology import Broker, ProxyNode
 
@@ -22,13 +22,8 @@ BROKERS = [Broker(i, f"kafka{i}", 9092) for i in (1, 2, 3, 4, 5)]
 PASSWORD = "membership-secret"
 
 
-def wait_until(what: str, predicate, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)  # poll interval
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+def wait_until(what: str, predicate, timeout: float = 15.0) -> None:  # type: ignore[no-untyped-def]
+    waiting.wait_until(what, predicate, timeout)
 
 
 def start(node_id: str, specs: list[MemberSpec]) -> Member:

@@ -16,6 +16,7 @@ from membership.config import MemberConfig, MemberSpec
 from membership.heartbeat import Heartbeat
 from membership.member import Member, MembershipError
 from tests.integration.test_raft import free_port
+from tests.waiting import wait_until
 from topology import Broker, ProxyNode
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
@@ -25,14 +26,6 @@ BROKERS = [Broker(i, f"kafka{i}", 9092) for i in (1, 2, 3, 4)]
 
 
 
-
-def wait_until(what: str, predicate, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.02)  # poll interval
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @pytest.fixture

@@ -15,12 +15,13 @@ import socket
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import tomli_w
 import tomllib
+
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -62,16 +63,6 @@ def _refused(host: str) -> bool:
     return False
 
 
-def _wait_for(condition, what: str, timeout: float = 30.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
 
 def _log_lines(path: Path, msg: str) -> list[dict]:
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")]
@@ -106,18 +97,18 @@ def test_a_reloaded_lower_limit_refuses_new_connections_and_keeps_the_held_ones(
                 held.append(_served(host))
                 return False
 
-            _wait_for(each_worker_holds, "a held connection in every worker")
+            wait_for(each_worker_holds, "a held connection in every worker")
 
         _set_limits(cfg, max_connections=1, listen_backlog=128)
         os.kill(node.pid, signal.SIGHUP)
-        reloaded = _wait_for(lambda: _log_lines(log_path, "config reloaded"), "the reload logged")
+        reloaded = wait_for(lambda: _log_lines(log_path, "config reloaded"), "the reload logged")
         main = [x for x in reloaded if x.get("kproxy_worker") is None][0]
         assert main["applied"] == ["limits.max_connections"] and main["needs_restart"] == ["limits.listen_backlog"]
         assert main["trigger"] == "SIGHUP"
         restart = _log_lines(log_path, "config changes that take effect only after a restart: limits.listen_backlog")
         assert len(restart) == 1
         if workers > 1:
-            _wait_for(lambda: len([x for x in _log_lines(log_path, "config reloaded")
+            wait_for(lambda: len([x for x in _log_lines(log_path, "config reloaded")
                                    if x.get("kproxy_worker") is not None]) == workers, "every worker reloaded")
 
         assert _refused(host), "a new connection was taken above the reloaded limit"
@@ -140,7 +131,7 @@ def test_a_reloaded_lower_limit_refuses_new_connections_and_keeps_the_held_ones(
             except (ConnectionError, OSError):
                 return False
 
-        _wait_for(new_one_served, "a new connection served under the raised limit", timeout=10)
+        wait_for(new_one_served, "a new connection served under the raised limit", timeout=10)
         for i, sock in enumerate(held):
             assert _api_versions(sock, 200 + i) == 200 + i
     finally:

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from chaos.clients import batch as clients
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -34,16 +35,6 @@ def fleet(kafka_cluster, tmp_path_factory):
     finally:
         f.down()
 
-
-def _wait_for(condition, what: str, timeout: float = 30.0):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
 
 
 def _bootstrap(fleet, node: str) -> str:  # type: ignore[no-untyped-def]
@@ -69,7 +60,7 @@ def test_both_workers_serve_clients_of_every_family_tried(fleet, kafka_cluster, 
             rows = fleet.status("p1").workers
             return rows if sum(w.connections or 0 for w in rows) >= 24 else None
 
-        rows = _wait_for(counted, "the held connections counted")
+        rows = wait_for(counted, "the held connections counted")
         assert all((w.connections or 0) > 0 for w in rows), rows
         assert fleet.status("p1").connections == sum(w.connections or 0 for w in rows)
     finally:
@@ -152,7 +143,7 @@ def test_a_killed_worker_is_restarted_and_its_clients_come_back_without_loss(fle
             assert thread.is_alive(), "the load ended early"
             return all(sum(t > after for _, t in a) >= n for a in acked)
 
-        _wait_for(lambda: producing(0.0, 20), "every producer acknowledged", 60)
+        wait_for(lambda: producing(0.0, 20), "every producer acknowledged", 60)
         # The busiest worker of the fleet carries producers: kill it.
         node, worker = max(((n, w) for n in fleet.node_ids for w in fleet.status(n).workers),
                            key=lambda nw: nw[1].connections or 0)
@@ -160,12 +151,12 @@ def test_a_killed_worker_is_restarted_and_its_clients_come_back_without_loss(fle
         requests_before = _requests_total(fleet.nodes[node])
         killed_at = time.monotonic()
         os.kill(worker.pid, signal.SIGKILL)
-        restarted = _wait_for(lambda: next((w for w in fleet.status(node).workers if w.index == worker.index
+        restarted = wait_for(lambda: next((w for w in fleet.status(node).workers if w.index == worker.index
                                             and w.ready and w.pid != worker.pid), None), "the worker restarted")
         assert restarted.restarts == 1
         assert _requests_total(fleet.nodes[node]) >= requests_before  # the node's counter did not go back
         # Every producer acknowledges records after the kill: the killed worker's clients reconnected.
-        _wait_for(lambda: producing(killed_at + 0.5, 10), "every producer acknowledging again", 60)
+        wait_for(lambda: producing(killed_at + 0.5, 10), "every producer acknowledging again", 60)
     finally:
         stop.set()
         thread.join(60)
@@ -201,11 +192,11 @@ def test_a_map_is_reported_applied_only_once_every_worker_has_it(fleet):
             s = fleet.status("p2")
             return s if s.epoch >= drained_at else None
 
-        view = _wait_for(applied_drain, "p2 applied the drain")
+        view = wait_for(applied_drain, "p2 applied the drain")
         assert view.draining and not view.identities()
         assert all(w.epoch is not None and w.epoch >= drained_at for w in view.workers)
         undrained_at = fleet.undrain("p2")["epoch"]
-        _wait_for(lambda: fleet.status("p2").epoch >= undrained_at, "p2 applied the undrain")
+        wait_for(lambda: fleet.status("p2").epoch >= undrained_at, "p2 applied the undrain")
         fleet.wait_balanced(60)
     finally:
         done.set()
@@ -236,13 +227,13 @@ def test_a_node_freezes_and_dies_whole(fleet):
     for freeze in (lambda: fleet.signal_node("p3", "STOP"), lambda: NodeAdmin.signal(node, "STOP")):
         freeze()
         try:
-            _wait_for(lambda: all(state(p) == psutil.STATUS_STOPPED for p in [node.pid, *workers]),
+            wait_for(lambda: all(state(p) == psutil.STATUS_STOPPED for p in [node.pid, *workers]),
                       "p3 frozen whole", 10)
         finally:
             fleet.signal_node("p3", "CONT")
-        _wait_for(lambda: fleet.status("p3").ready, "p3 serving again", 30)
+        wait_for(lambda: fleet.status("p3").ready, "p3 serving again", 30)
     os.kill(node.pid, signal.SIGKILL)  # the supervisor alone: its workers go with it at once
-    _wait_for(lambda: all(state(p) in ("gone", psutil.STATUS_ZOMBIE) for p in workers), "p3's workers gone", 5)
+    wait_for(lambda: all(state(p) in ("gone", psutil.STATUS_ZOMBIE) for p in workers), "p3's workers gone", 5)
     fleet.restart_node("p3")
     fleet.wait_healthy(60)
     fleet.wait_balanced(60)

@@ -111,7 +111,8 @@ class DataPath:
         self._setup_tls(config)
         self.listeners = Listeners(self.node, self.registry, reuse_port=self.takeover_enabled or reuse_port,
                                    on_bound=self._bound_changed, tls=self.listener_tls,
-                                   plaintext=self._plaintext_listeners, bind_host=self.local.host)
+                                   plaintext=self._plaintext_listeners,
+                                   bind_host=self.local.floating_host or self.local.host)
         self.discovery = BrokerDiscovery(config, self.local.host, self.listeners, self.registry,
                                          security=self.upstream_security)
         if fleet:  # a forgotten broker's listener stays while the fleet's map still lists it

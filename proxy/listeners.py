@@ -4,7 +4,7 @@ identity) and the vacant nodes' addresses it stands in on.
 Ports come from the node's ``topology.ProxyNode`` (``proxy.config.proxy_node``);
 its ``host`` is what clients are told, while the node's own listeners bind
 ``bind_host`` (``nodes[].host``: the same address, or a wildcard such as 0.0.0.0
-behind NAT or in a container). A stand-in binds the vacant node's *advertised*
+behind NAT or in a container; ``nodes[].floating_host`` where addresses float). A stand-in binds the vacant node's *advertised*
 host, the address its clients kept dialling: that works where the address can be
 bound here (any 127/8 address on loopback, a floating IP moved to this host, a
 DNS name resolving to one); elsewhere (a name or a NAT address of the vacant
@@ -210,9 +210,15 @@ class Listeners:
                                                                  "address": join_host_port(action.host, action.port)})
 
     def _release(self, action: Release) -> None:
-        self._stand_ins.pop(action.key).close()
+        """Stop standing in: close the listener and drain the clients it accepted (they
+        belong at that address, now another node's again: they reconnect there)."""
+        server = self._stand_ins.pop(action.key)
+        address = server.sockets[0].getsockname()[:2] if server.sockets else None
+        server.close()
         self.takeover.released(action.key)
-        log.info("stopped standing in", extra={"node": action.key[0], "listener": action.key[1]})
+        drained = self.registry.drain_accepted_at(address) if address is not None else 0
+        log.info("stopped standing in", extra={"node": action.key[0], "listener": action.key[1],
+                                               "drained": drained})
 
     def release_stand_ins(self) -> None:
         for action in self.takeover.clear():

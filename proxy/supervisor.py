@@ -449,7 +449,8 @@ class Supervisor:
 
     async def shutdown(self) -> None:
         """SIGTERM: publish a map without this node, drain every worker's clients, then stop the workers."""
-        log.info("stopping: draining clients first", extra={"node": self.node_id, "drain_timeout_s": GRACEFUL_DRAIN_S})
+        log.info("stopping: draining clients first",
+                 extra={"node": self.node_id, "drain_timeout_s": self.config.limits.drain_timeout_s})
         self.ready = False
         assert self.loop is not None
         # A refused node is no member of this fleet: nothing of it to move.

@@ -166,17 +166,6 @@ class ConnectionRegistry:
                 count += 1
         return count
 
-    def drain_accepted_at(self, address: tuple[str, int]) -> int:
-        """Start the drain of every connection a client made to ``address`` (a released
-        stand-in's); how many."""
-        count = 0
-        for pair in list(self.pairs):
-            client = pair.client
-            if client is not None and not pair.draining and (client.get_extra_info("sockname") or ())[:2] == address:
-                self.start_drain(pair)
-                count += 1
-        return count
-
     def start_drain(self, pair: Pair) -> None:
         """Close the client's connection at its first idle moment (proxy.drain)."""
         if pair.closed:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
-import struct
 import threading
 import time
 
@@ -108,49 +106,6 @@ def test_drain_moves_identities_without_client_errors(fleet, topic_name):
     _wait(lambda: fleet.fleet_view().assignment.get("3") == "p3", 20, "p3 serving broker 3 again")
     got = clients.consume("kafka-python", bs, topic_name, f"g-{topic_name}", 40)
     assert sorted(c.value for c in got) == sorted(a.value for a in acks)
-
-
-def _api_versions(host: str, port: int) -> socket.socket | None:
-    """A client connection that got an answer to ApiVersions v0 (None if it was refused or closed)."""
-    payload = struct.pack(">hhih", 18, 0, 1, 1) + b"t"
-    sock = socket.create_connection((host, port), timeout=5)
-    try:
-        sock.sendall(struct.pack(">i", len(payload)) + payload)
-        head = sock.recv(4)
-        if len(head) == 4 and sock.recv(struct.unpack(">i", head)[0]):
-            return sock
-    except OSError:
-        pass
-    sock.close()
-    return None
-
-
-def _closed_by_peer(sock: socket.socket) -> bool:
-    try:
-        return sock.recv(1) == b""
-    except TimeoutError:
-        return False
-    except ConnectionResetError:
-        return True
-
-
-def test_released_stand_in_drains_its_clients(fleet):
-    """A client that reached a drained node's address through a survivor's stand-in is moved
-    off it (closed at an idle moment) once the node is back: the address is the node's again."""
-    p3 = fleet.node_address("p3")
-    assert CliRunner().invoke(cli, ["cluster", "drain", "p3", "--state-dir", str(fleet.state_dir)]).exit_code == 0
-    _wait(lambda: any(n.standing_in for n in fleet.fleet_view().nodes), 10, "stand-ins for p3")
-    # p3 refuses what it still accepts while its listeners linger: retry until a stand-in answers.
-    sock = _wait(lambda: _api_versions(p3, 9092), 20, "an answer through a stand-in")
-    try:
-        sock.settimeout(0.2)
-        assert not _closed_by_peer(sock)  # held while p3 is drained
-        assert CliRunner().invoke(cli, ["cluster", "undrain", "p3", "--state-dir", str(fleet.state_dir)]).exit_code == 0
-        _wait(lambda: not any(n.standing_in for n in fleet.fleet_view().nodes), 20, "stand-ins released")
-        assert _wait(lambda: _closed_by_peer(sock), 15, "the stand-in's client closed")
-    finally:
-        sock.close()
-    _wait(lambda: fleet.fleet_view().assignment.get("3") == "p3", 20, "p3 serving broker 3 again")
 
 
 def test_cluster_commands_through_any_admin_endpoint(fleet):

@@ -210,15 +210,9 @@ class Listeners:
                                                                  "address": join_host_port(action.host, action.port)})
 
     def _release(self, action: Release) -> None:
-        """Stop standing in: close the listener and drain the clients it accepted (they
-        belong at that address, now another node's again: they reconnect there)."""
-        server = self._stand_ins.pop(action.key)
-        address = server.sockets[0].getsockname()[:2] if server.sockets else None
-        server.close()
+        self._stand_ins.pop(action.key).close()
         self.takeover.released(action.key)
-        drained = self.registry.drain_accepted_at(address) if address is not None else 0
-        log.info("stopped standing in", extra={"node": action.key[0], "listener": action.key[1],
-                                               "drained": drained})
+        log.info("stopped standing in", extra={"node": action.key[0], "listener": action.key[1]})
 
     def release_stand_ins(self) -> None:
         for action in self.takeover.clear():

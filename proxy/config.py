@@ -75,6 +75,13 @@ from membership.config import unknown_key_message
 from proxy.addresses.config import KEYS as MOVER_KEYS
 from proxy.addresses.config import NONE as MOVER_NONE
 from proxy.addresses.config import MoverConfig, MoverConfigError, parse_mover_config
+from proxy.config_fields import MAX_PORT, ConfigError, HostPort, parse_host_port
+from proxy.config_fields import check_keys as _check_keys
+from proxy.config_fields import get_field as _get
+from proxy.config_fields import host_name as _host
+from proxy.config_fields import port_number as _port
+from proxy.config_fields import positive as _positive
+from proxy.config_fields import secret as _secret
 from proxy.hosts import is_wildcard, join_host_port
 from topology import PortScheme
 from topology import ProxyNode as TopologyNode
@@ -86,27 +93,9 @@ if TYPE_CHECKING:
 # accepts. A response can be as large as fetch.max.bytes (50 MiB default), so the
 # same bound covers both directions.
 DEFAULT_MAX_FRAME_BYTES = 104_857_600
-MAX_PORT = 65535
 # With ``ports.base`` the ports base .. base+255 are reserved for broker ids 0..255;
 # a node's own ports may not fall inside that window.
 BASE_WINDOW = 256
-
-
-class ConfigError(ValueError):
-    """A bad configuration; ``field`` is the dotted path of the offending field."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"config field '{field}': {message}")
-        self.field = field
-
-
-@attrs.frozen
-class HostPort:
-    host: str
-    port: int
-
-    def __str__(self) -> str:
-        return join_host_port(self.host, self.port)
 
 
 def http_url(host: str, port: int) -> str:
@@ -281,12 +270,6 @@ INLINE_SECRETS = {"admin.token": "admin.token_env", "fleet.password": "fleet.pas
                   "security.upstream_sasl.password": "security.upstream_sasl.password_env"}
 
 
-def _check_keys(section: Mapping[str, Any], path: str, known: frozenset[str]) -> None:
-    for key in section:
-        if key not in known:
-            raise ConfigError(f"{path}.{key}", unknown_key_message(key, known))
-
-
 def load(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> Config:
     p = Path(path)
     try:
@@ -296,78 +279,6 @@ def load(path: str | os.PathLike[str], env: Mapping[str, str] | None = None) -> 
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("--config", f"{p} is not valid TOML: {exc}") from None
     return parse(raw, env=os.environ if env is None else env, source=str(p), inline_secrets=False)
-
-
-def _get(section: Mapping[str, Any], key: str, path: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
-    if key not in section:
-        if default is ...:
-            raise ConfigError(path, "is required")
-        return default
-    value = section[key]
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if isinstance(value, bool) and kind is not bool:
-        raise ConfigError(path, f"must be {_kind_name(kind)}, got {value!r}")
-    if not isinstance(value, kind):
-        raise ConfigError(path, f"must be {_kind_name(kind)}, got {value!r}")
-    return value
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    names = {int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table", bool: "a boolean"}
-    if isinstance(kind, tuple):
-        return " or ".join(names.get(k, k.__name__) for k in kind)
-    return names.get(kind, kind.__name__)
-
-
-def _port(value: Any, path: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_PORT:
-        raise ConfigError(path, f"must be a port number 1..{MAX_PORT}, got {value!r}")
-    return value
-
-
-def _host(value: Any, path: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(path, f"must be a host name or IP address, got {value!r}")
-    return value
-
-
-def parse_host_port(value: Any, path: str) -> HostPort:
-    if not isinstance(value, str) or ":" not in value:
-        raise ConfigError(path, f"must be 'host:port', got {value!r}")
-    host, _, port = value.rpartition(":")
-    host = host.strip("[]")
-    try:
-        port_num = int(port)
-    except ValueError:
-        raise ConfigError(path, f"port of {value!r} is not a number") from None
-    return HostPort(_host(host, path), _port(port_num, path))
-
-
-def _positive(value: float, path: str) -> float:
-    if value <= 0:
-        raise ConfigError(path, f"must be positive, got {value!r}")
-    return value
-
-
-def _secret(section: Mapping[str, Any], name: str, path: str, env: Mapping[str, str],
-            inline_ok: bool = True) -> str | None:
-    """A secret comes from the env var named by ``<name>_env`` (or, in memory only, from ``<name>``)."""
-    if name in section and not inline_ok:
-        raise ConfigError(f"{path}.{name}", f"secrets never go in the config file: put it in an environment "
-                                            f"variable and name that variable in {path}.{name}_env")
-    if f"{name}_env" in section:
-        var = _get(section, f"{name}_env", f"{path}.{name}_env", str)
-        value = env.get(var)
-        if not value:
-            raise ConfigError(f"{path}.{name}_env", f"environment variable {var} is not set or empty")
-        return value
-    if name in section:
-        value = _get(section, name, f"{path}.{name}", str)
-        if not value:
-            raise ConfigError(f"{path}.{name}", "must not be empty")
-        return value
-    return None
 
 
 def parse(raw: Mapping[str, Any], *, env: Mapping[str, str] | None = None, source: str = "<memory>",

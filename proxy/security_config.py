@@ -46,7 +46,9 @@ from typing import Any
 import attrs
 
 from membership.config import unknown_key_message
-from proxy.config import ConfigError, _get, _secret
+from proxy.config import ConfigError
+from proxy.config_fields import get_field as _get
+from proxy.config_fields import secret as _secret
 
 SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 BOOTSTRAP_NAME = "bootstrap"

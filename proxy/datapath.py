@@ -106,7 +106,8 @@ class DataPath:
         self.metrics.watch_rewrites(self.rewriter.counts)
         self.registry = ConnectionRegistry(node_id, config.limits, self.metrics, self.rewriter, self.node_drain,
                                            tap_dir=config.tap_dir,
-                                           max_connections=client_capacity(config.limits.max_connections))
+                                           max_connections=client_capacity(config.limits.max_connections,
+                                                                           self.local.workers))
         self.registry.connect = self._connect_upstream
         self.registry.unstall = self._unstall
         self.registry.owned_here = self._owned_here
@@ -165,7 +166,7 @@ class DataPath:
         admission, the broker connect timeout, the discovery interval. On the loop."""
         self.config = config
         self.discovery.config = config
-        self.registry.set_limits(config.limits, client_capacity(config.limits.max_connections))
+        self.registry.set_limits(config.limits, client_capacity(config.limits.max_connections, self.local.workers))
 
     async def _watch_certificates(self, interval: float) -> None:
         assert self.certificates is not None

@@ -62,15 +62,26 @@ def somaxconn(path: str = SOMAXCONN_PATH) -> int | None:
         return None
 
 
-def client_capacity(max_connections: int) -> int:
-    """The client connections this process can hold, at most ``max_connections``.
+def worker_share(max_connections: int, workers: int) -> int:
+    """One worker's part of the node's ``limits.max_connections``: the workers share the node's
+    listeners and the kernel spreads new connections evenly over them (SO_REUSEPORT), so
+    each admits its share, rounded up (the node holds at most ``workers - 1`` more than the
+    cap; near the cap one worker may refuse while another still has room)."""
+    return -(-max_connections // max(1, workers))
+
+
+def client_capacity(max_connections: int, workers: int = 1) -> int:
+    """The client connections this process can hold: its share of ``max_connections`` (a node's
+    cap, split over its ``workers``: :func:`worker_share`), at most what its descriptors allow.
 
     Raises the soft RLIMIT_NOFILE to the hard one (what Kafka's JVM does too),
     then counts two descriptors per client (its socket and the upstream one).
-    Below ``max_connections``, the node refuses connections cleanly at that
-    number instead of failing accepts and upstream connects with EMFILE. That
-    is logged at INFO, not WARNING: a default cap above what a small host's
-    limit allows is normal, and the refusals are logged when they happen."""
+    The limit is per process: each worker has its own. Below its share, the
+    process refuses connections cleanly at that number instead of failing
+    accepts and upstream connects with EMFILE. That is logged at INFO, not
+    WARNING: a default cap above what a small host's limit allows is normal,
+    and the refusals are logged when they happen."""
+    share = worker_share(max_connections, workers)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         try:
@@ -79,12 +90,12 @@ def client_capacity(max_connections: int) -> int:
         except (ValueError, OSError):
             pass
     allowed = max(1, (soft - RESERVED_DESCRIPTORS) // 2)
-    if allowed < max_connections:
+    if allowed < share:
         log.info("limits.max_connections lowered to what the descriptor limit allows: raise RLIMIT_NOFILE"
-                 " (ulimit -n) for more", extra={"max_connections": max_connections, "nofile": soft,
-                                                  "clients": allowed})
+                 " (ulimit -n) for more", extra={"max_connections": max_connections, "workers": workers,
+                                                  "nofile": soft, "clients": allowed})
         return allowed
-    return max_connections
+    return share
 
 
 def listen_backlog(wanted: int, cap: int | None) -> int:

@@ -70,8 +70,8 @@ from chaos.bench.storm_load import (
 )
 from chaos.testbed.kafka_cluster import KafkaCluster, free_base_port
 from chaos.testbed.proxies import NodeProcess, fleet_config
-from proxy.config import DEFAULT_ACCEPTS_PER_SOURCE_PER_S, DEFAULT_LISTEN_BACKLOG
-from proxy.listeners import RESERVED_DESCRIPTORS, somaxconn
+from proxy.config import DEFAULT_ACCEPTS_PER_SOURCE_PER_S, DEFAULT_LISTEN_BACKLOG, DEFAULT_MAX_CONNECTIONS
+from proxy.listeners import RESERVED_DESCRIPTORS, somaxconn, worker_share
 
 DEFAULT_CLIENTS = (1000, 4000, 10_000)
 FIRST_NODE_IP = 35
@@ -367,10 +367,12 @@ def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = Non
     return results
 
 
-def node_max_clients(worker_nofile: int, workers: int) -> int:
+def node_max_clients(worker_nofile: int, workers: int, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> int:
     """The clients a node of ``workers`` processes holds at most when each has the soft
-    descriptor limit ``worker_nofile`` (proxy.listeners.client_capacity, per process)."""
-    return workers * max(1, (worker_nofile - RESERVED_DESCRIPTORS) // 2)
+    descriptor limit ``worker_nofile``: each its share of ``max_connections``, within its own
+    descriptors (proxy.listeners.client_capacity, per process)."""
+    per_worker = min(worker_share(max_connections, workers), max(1, (worker_nofile - RESERVED_DESCRIPTORS) // 2))
+    return workers * per_worker
 
 
 def _targets(rows: list[dict[str, Any]]) -> dict[str, bool]:

@@ -154,6 +154,7 @@ def test_a_node_of_w_workers_holds_w_times_what_one_descriptor_limit_allows() ->
     assert node_max_clients(20_000, 1) == 9872 == (20_000 - RESERVED_DESCRIPTORS) // 2
     assert node_max_clients(20_000, 2) == 19_744
     assert node_max_clients(RESERVED_DESCRIPTORS, 2) == 2  # at least one client per worker
+    assert node_max_clients(20_000, 2, max_connections=10_000) == 10_000  # the node's cap, half each
 
 
 def test_the_refusals_a_node_counted_are_read_by_reason_over_its_workers() -> None:

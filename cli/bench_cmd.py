@@ -125,8 +125,11 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
 @click.option("--idle-window", type=click.FloatRange(0, 3600), default=60.0, show_default=True,
               help="Seconds over which to measure the CPU of an idle 5-node fleet on the same brokers "
                    "(idle_cpu_fraction, of a core per node); 0: skip.")
+@click.option("--workers", type=click.IntRange(1, 64), default=None,
+              help="The node's data-path processes (default: the node's default, one per core).")
 @click.option("--json", "as_json", is_flag=True)
-def bench_storm(clients: str, backlog: int | None, deadline: float, idle_window: float, as_json: bool) -> None:
+def bench_storm(clients: str, backlog: int | None, deadline: float, idle_window: float, workers: int | None,
+                as_json: bool) -> None:
     """N clients connect at once (ApiVersions, Metadata, a small Produce): kproxy vs a broker directly."""
     from chaos.bench.storm import run
 
@@ -137,7 +140,7 @@ def bench_storm(clients: str, backlog: int | None, deadline: float, idle_window:
     if not sizes or any(not 1 <= n <= 100_000 for n in sizes):
         raise click.BadParameter("sizes between 1 and 100000", param_hint="--clients")
     console = Console(stderr=True)
-    results = run(sizes, backlog=backlog, deadline_s=deadline, idle_window_s=idle_window,
+    results = run(sizes, backlog=backlog, deadline_s=deadline, idle_window_s=idle_window, workers=workers,
                   progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
     if as_json:
         click.echo(json.dumps(results, indent=2))
@@ -145,7 +148,7 @@ def bench_storm(clients: str, backlog: int | None, deadline: float, idle_window:
     for row in results["storm"]:
         click.echo(f"{row['clients']:>6} clients: direct {row['direct_all_served_s']} s ({row['direct_failed']} failed)"
                    f", kproxy {row['proxy_all_served_s']} s ({row['proxy_failed']} failed),"
-                   f" {row['rss_bytes_per_connection']} B/connection")
+                   f" {row['rss_bytes_per_connection']} B/connection, refused {row['proxy_refused']}")
     if "idle_cpu_fraction" in results:
         click.echo(f"idle CPU per node (of a core, over {results['idle_window_s']:g} s): "
                    f"mean {results['idle_cpu_fraction']}, max {results['idle_cpu_fraction_max']}"

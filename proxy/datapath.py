@@ -17,7 +17,9 @@ what clients are told. When an identity moves away from this node, the
 clients connected to it here are drained (:mod:`proxy.drain`): closed at an
 idle moment so the client refreshes metadata and reconnects to the new owner
 (DESIGN §4). The map's ``draining`` drains or undrains the whole node, and its
-stand-in duties drive address takeover (:mod:`proxy.takeover`). With an
+stand-in duties drive address takeover (:mod:`proxy.takeover`); the clients a
+released stand-in accepted go back to the address's node once it serves again
+(:mod:`proxy.handback`). With an
 ``[addresses]`` mover the node's advertised address floats instead
 (:mod:`proxy.addresses.floating`): the one survivor that holds a down node's
 address listens on all of its ports, and a node that stalled fences itself.
@@ -104,7 +106,8 @@ class DataPath:
         self.metrics.watch_rewrites(self.rewriter.counts)
         self.registry = ConnectionRegistry(node_id, config.limits, self.metrics, self.rewriter, self.node_drain,
                                            tap_dir=config.tap_dir,
-                                           max_connections=client_capacity(config.limits.max_connections))
+                                           max_connections=client_capacity(config.limits.max_connections,
+                                                                           self.local.workers))
         self.registry.connect = self._connect_upstream
         self.registry.unstall = self._unstall
         self.registry.owned_here = self._owned_here
@@ -163,7 +166,7 @@ class DataPath:
         admission, the broker connect timeout, the discovery interval. On the loop."""
         self.config = config
         self.discovery.config = config
-        self.registry.set_limits(config.limits, client_capacity(config.limits.max_connections))
+        self.registry.set_limits(config.limits, client_capacity(config.limits.max_connections, self.local.workers))
 
     async def _watch_certificates(self, interval: float) -> None:
         assert self.certificates is not None
@@ -273,6 +276,7 @@ class DataPath:
             wanted = () if self.draining else floating_stand_ins(self.serving, self.node.id, self.listeners.bound,
                                                                  held)
         await self.listeners.stand_in(wanted)
+        self.listeners.hand_back_soon(lambda: self.serving)
 
     def _fenced(self) -> None:
         """The node stalled or was cut off: a survivor may hold its address and serve its

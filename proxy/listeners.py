@@ -12,6 +12,9 @@ node's own host) the bind fails, is logged once, and clients move on Metadata
 alone. With address takeover every listener uses SO_REUSEPORT: the node and its
 stand-ins share ports while it comes back. What to stand in on is decided by
 :class:`proxy.takeover.TakeoverReconciler`; this module executes its actions.
+The clients a released stand-in accepted are handed back to the address's own
+node once it serves again (:mod:`proxy.handback` decides when; this module
+probes the address and drains them).
 
 Every listener gets the accept queue ``limits.listen_backlog`` asks for, capped
 by the kernel's ``net.core.somaxconn`` (the kernel would cap it silently; the
@@ -30,8 +33,9 @@ import os
 import resource
 from collections.abc import Callable, Iterable
 
-from membership.serving import BOOTSTRAP, StandIn
-from proxy.connection import ClientSide
+from membership.serving import BOOTSTRAP, ServingMap, StandIn
+from proxy.connection import ClientSide, Pair
+from proxy.handback import HANDBACK_PROBE_INTERVAL_S, HandBack, Keep, SocketAddress, StandInHandback
 from proxy.hosts import join_host_port
 from proxy.logs import describe_error
 from proxy.registry import ConnectionRegistry
@@ -44,6 +48,9 @@ SOMAXCONN_PATH = "/proc/sys/net/core/somaxconn"
 # Descriptors a node needs besides two per client connection: listeners, the
 # admin endpoint, Raft, splice pipes, logs, the interpreter's own.
 RESERVED_DESCRIPTORS = 256
+# How long a probe of a released stand-in's address waits for the connect (loopback or the
+# node's own network: an answer takes far less).
+HANDBACK_PROBE_TIMEOUT_S = 1.0
 
 
 def somaxconn(path: str = SOMAXCONN_PATH) -> int | None:
@@ -55,15 +62,26 @@ def somaxconn(path: str = SOMAXCONN_PATH) -> int | None:
         return None
 
 
-def client_capacity(max_connections: int) -> int:
-    """The client connections this process can hold, at most ``max_connections``.
+def worker_share(max_connections: int, workers: int) -> int:
+    """One worker's part of the node's ``limits.max_connections``: the workers share the node's
+    listeners and the kernel spreads new connections evenly over them (SO_REUSEPORT), so
+    each admits its share, rounded up (the node holds at most ``workers - 1`` more than the
+    cap; near the cap one worker may refuse while another still has room)."""
+    return -(-max_connections // max(1, workers))
+
+
+def client_capacity(max_connections: int, workers: int = 1) -> int:
+    """The client connections this process can hold: its share of ``max_connections`` (a node's
+    cap, split over its ``workers``: :func:`worker_share`), at most what its descriptors allow.
 
     Raises the soft RLIMIT_NOFILE to the hard one (what Kafka's JVM does too),
     then counts two descriptors per client (its socket and the upstream one).
-    Below ``max_connections``, the node refuses connections cleanly at that
-    number instead of failing accepts and upstream connects with EMFILE. That
-    is logged at INFO, not WARNING: a default cap above what a small host's
-    limit allows is normal, and the refusals are logged when they happen."""
+    The limit is per process: each worker has its own. Below its share, the
+    process refuses connections cleanly at that number instead of failing
+    accepts and upstream connects with EMFILE. That is logged at INFO, not
+    WARNING: a default cap above what a small host's limit allows is normal,
+    and the refusals are logged when they happen."""
+    share = worker_share(max_connections, workers)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         try:
@@ -72,12 +90,12 @@ def client_capacity(max_connections: int) -> int:
         except (ValueError, OSError):
             pass
     allowed = max(1, (soft - RESERVED_DESCRIPTORS) // 2)
-    if allowed < max_connections:
+    if allowed < share:
         log.info("limits.max_connections lowered to what the descriptor limit allows: raise RLIMIT_NOFILE"
-                 " (ulimit -n) for more", extra={"max_connections": max_connections, "nofile": soft,
-                                                  "clients": allowed})
+                 " (ulimit -n) for more", extra={"max_connections": max_connections, "workers": workers,
+                                                  "nofile": soft, "clients": allowed})
         return allowed
-    return max_connections
+    return share
 
 
 def listen_backlog(wanted: int, cap: int | None) -> int:
@@ -108,6 +126,8 @@ class Listeners:
         self.lock = asyncio.Lock()  # one bind sequence at a time
         self.takeover = TakeoverReconciler()
         self._stand_ins: dict[tuple[str, int], asyncio.AbstractServer] = {}
+        self.handback = StandInHandback()
+        self._handing_back = False  # the probe loop runs
         self._lingering: list[asyncio.AbstractServer] = []  # a draining node's listeners, closing soon
         self.backlog = listen_backlog(registry.limits.listen_backlog, somaxconn())
 
@@ -206,17 +226,80 @@ class Listeners:
                                            "reason": str(exc)})
                     continue
                 self.takeover.bound(action.key)
+                self.handback.standing_in(action.key)
                 log.info("standing in for a vacant node", extra={"node": action.key[0], "listener": action.key[1],
                                                                  "address": join_host_port(action.host, action.port)})
 
-    def _release(self, action: Release) -> None:
-        self._stand_ins.pop(action.key).close()
+    def _release(self, action: Release, *, hand_back: bool = True) -> None:
+        """Stop accepting there. The clients it accepted stay until the address's own node
+        serves again (``hand_back``; proxy.handback): then they are drained to it."""
+        server = self._stand_ins.pop(action.key)
+        address = server.sockets[0].getsockname()[:2] if server.sockets else None
+        server.close()
         self.takeover.released(action.key)
-        log.info("stopped standing in", extra={"node": action.key[0], "listener": action.key[1]})
+        clients = len(self._clients_at(address)) if address is not None else 0
+        if hand_back and address is not None:
+            self.handback.stopped_standing_in(action.key, address, clients)
+        log.info("stopped standing in", extra={"node": action.key[0], "listener": action.key[1], "clients": clients})
 
     def release_stand_ins(self) -> None:
+        """The node drains (it drains every client itself) or stops."""
         for action in self.takeover.clear():
-            self._release(action)
+            self._release(action, hand_back=False)
+
+    def _clients_at(self, address: SocketAddress) -> list[Pair]:
+        """The connections here, not draining, that a client made to ``address``."""
+        out = []
+        for pair in self.registry.pairs:
+            client = pair.client
+            if client is not None and not pair.closed and not pair.draining \
+                    and tuple((client.get_extra_info("sockname") or ())[:2]) == address:
+                out.append(pair)
+        return out
+
+    def hand_back_soon(self, serving: Callable[[], ServingMap]) -> None:
+        """Start the handback loop if released stand-ins have clients here (``serving``: the
+        map in effect, read on every round)."""
+        if self.handback.pending and not self._handing_back:
+            self._handing_back = True
+            self.registry.spawn(self._hand_back(serving))
+
+    async def _hand_back(self, serving: Callable[[], ServingMap]) -> None:
+        """Probe the addresses whose node serves until each answers or is given up; ends when
+        no address is to be probed (the next map starts it again)."""
+        loop = asyncio.get_running_loop()
+        try:
+            while True:
+                actions = self.handback.due(serving(), loop.time())
+                probing = False
+                for action in actions:
+                    if isinstance(action, Keep):
+                        log.info("clients of a released stand-in stay here", extra={
+                            "node": action.key[0], "listener": action.key[1],
+                            "address": join_host_port(*action.address), "reason": action.reason})
+                        continue
+                    probing = True
+                    if await answers(action.address, HANDBACK_PROBE_TIMEOUT_S):
+                        handback = self.handback.answered(action.key)
+                        if handback is not None:
+                            self._drain_handed_back(handback)
+                if not probing or not self.handback.pending:
+                    return
+                await asyncio.sleep(HANDBACK_PROBE_INTERVAL_S)
+        finally:
+            self._handing_back = False
+
+    def _drain_handed_back(self, handback: HandBack) -> None:
+        pairs = self._clients_at(handback.address)
+        for pair in pairs:
+            # No coordinator delay (proxy.drain.DRAIN_COORDINATOR_DELAY_S): the client goes back to
+            # the address it dialled, not to one a new map names; and the delayed drain keeps a
+            # connection whose listener this node still owns, which a stand-in's always is.
+            pair.group = False
+            self.registry.start_drain(pair)
+        log.info("handing a released stand-in's clients back to their node", extra={
+            "node": handback.key[0], "listener": handback.key[1], "address": join_host_port(*handback.address),
+            "drained": len(pairs)})
 
     @property
     def stand_in_addresses(self) -> list[str]:
@@ -230,3 +313,15 @@ class Listeners:
         self._stand_ins.clear()
         self._lingering.clear()
         self.takeover = TakeoverReconciler()
+        self.handback = StandInHandback()
+
+
+async def answers(address: SocketAddress, timeout: float) -> bool:
+    """Does something accept a TCP connection at ``address`` within ``timeout``? (Closed at once.)"""
+    try:
+        async with asyncio.timeout(timeout):
+            transport, _ = await asyncio.get_running_loop().create_connection(asyncio.Protocol, *address)
+    except (OSError, TimeoutError):
+        return False
+    transport.close()
+    return True

@@ -9,7 +9,9 @@ the same second (issue 12). Against its own local 3-broker Kafka, for each N
   the leader broker of a one-partition topic;
 * **proxy**: the same N at once to that broker identity's port on one kproxy
   node (no fleet, a fresh process on its own loopback address, 127.0.0.35
-  on), its address taken from the node's own Metadata answer;
+  on), its address taken from the node's own Metadata answer. The node runs
+  ``workers`` data-path processes (default: the node's own default, one per
+  core; ``--workers``), which share its ports (SO_REUSEPORT);
 * with ``backlog``, the same again through a node whose listeners have that
   accept queue (``limits.listen_backlog``; 100 was the old default).
 
@@ -23,10 +25,13 @@ fresh node so one storm's freed-but-kept memory does not hide the next one's,
 and its own address so the last storm's upstream sockets in TIME_WAIT do not
 eat the next one's ephemeral ports.
 
-File descriptors: the node holds two sockets per client and caps its clients at
-what its RLIMIT_NOFILE allows (proxy.listeners.client_capacity). The bench
-raises its own limit (the brokers and the node inherit it; root may raise the
-hard limit too) and reports the node's limit and how many clients it allows.
+File descriptors: a worker holds two sockets per client and caps its clients at
+what its own RLIMIT_NOFILE allows (proxy.listeners.client_capacity, per
+process): a node of W workers holds W times as many. The bench raises its own
+limit (the brokers and the node inherit it; root may raise the hard limit too)
+and reports the workers' limit, how many clients the node allows, and the
+refusals the node counted (``kproxy_connections_refused_total``, by reason).
+The node's CPU and RSS are its whole process tree's (supervisor and workers).
 
 Then, unless ``idle_window_s`` is 0, the idle cost: a 5-node fleet on the same
 brokers, no clients, CPU of each node over the window (chaos.bench.idle):
@@ -38,6 +43,7 @@ as Kafka ships it: the direct arm, and the node's upstream connects, meet it.
 
 from __future__ import annotations
 
+import os
 import resource
 import socket
 import struct
@@ -49,6 +55,7 @@ from typing import Any, Callable
 
 import psutil
 import uvloop
+from prometheus_client.parser import text_string_to_metric_families
 
 from chaos.bench.frames import decode_response
 from chaos.bench.idle import DEFAULT_IDLE_WINDOW_S, IDLE_NODES, measure_idle_cpu
@@ -63,8 +70,8 @@ from chaos.bench.storm_load import (
 )
 from chaos.testbed.kafka_cluster import KafkaCluster, free_base_port
 from chaos.testbed.proxies import NodeProcess, fleet_config
-from proxy.config import DEFAULT_ACCEPTS_PER_SOURCE_PER_S, DEFAULT_LISTEN_BACKLOG
-from proxy.listeners import RESERVED_DESCRIPTORS, somaxconn
+from proxy.config import DEFAULT_ACCEPTS_PER_SOURCE_PER_S, DEFAULT_LISTEN_BACKLOG, DEFAULT_MAX_CONNECTIONS
+from proxy.listeners import RESERVED_DESCRIPTORS, somaxconn, worker_share
 
 DEFAULT_CLIENTS = (1000, 4000, 10_000)
 FIRST_NODE_IP = 35
@@ -139,11 +146,46 @@ def _wait_settled(port: int, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+def default_workers() -> int:
+    """The node's own default (``workers = "auto"``, proxy.config): one per core."""
+    return max(1, os.cpu_count() or 1)
+
+
+def node_processes(pid: int) -> list[psutil.Process]:
+    """A node's process and its descendants (the data-path workers, proxy.supervisor)."""
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def tree_cpu_s(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for proc in procs:
+        try:
+            total += sum(proc.cpu_times()[:2])
+        except psutil.Error:  # gone meanwhile
+            continue
+    return total
+
+
+def tree_rss(procs: list[psutil.Process]) -> int:
+    """Resident bytes of the processes, added up (pages they share counted once each: the
+    workers are forked late, so the share is the interpreter's and is in "before" too)."""
+    total = 0
+    for proc in procs:
+        try:
+            total += proc.memory_info().rss
+        except psutil.Error:
+            continue
+    return total
+
+
 class _StormBench:
     """One :func:`run`: its Kafka, the topic, the proxy nodes it starts one at a time."""
 
-    def __init__(self, tmp: Path, *, deadline_s: float, sources: int, progress: Callable[[str], None]) -> None:
+    def __init__(self, tmp: Path, *, deadline_s: float, sources: int, progress: Callable[[str], None],
+                 workers: int = 1) -> None:
         self.tmp = tmp
+        self.workers = workers
         self.deadline_s = deadline_s
         self.sources = source_addresses(sources)
         self.progress = progress
@@ -153,7 +195,8 @@ class _StormBench:
         self.topic = f"storm-{uuid.uuid4().hex[:8]}"
         self.requests: LightRequests = light_requests(self.topic)
         self.leader = (0, "", 0)
-        self.node_nofile: tuple[int, int] | None = None
+        self.node_nofile: tuple[int, int] | None = None  # a worker's (the one holding clients)
+        self.refused: dict[str, float] = {}  # the node's refusals over the last proxied storm, by reason
         self.overflows: int | None = None  # listen overflows during the last storm (any listener)
         self.cpu_ms_per_connection = 0.0  # the node's CPU over the last proxied storm, per client
 
@@ -171,11 +214,11 @@ class _StormBench:
         ip = f"127.0.0.{ip_last}"
         limits = {"listen_backlog": listen_backlog} if listen_backlog is not None else {}
         cfg = fleet_config(self.tmp / f"node-{self.arms}.toml", self.cluster.bootstrap, 1, first_ip=ip_last,
-                           fleet=False, extra={"limits": limits} if limits else None)
+                           fleet=False, extra={"limits": limits} if limits else None, workers=self.workers)
         node = self.node = NodeProcess(cfg, "p1", ip, 9400, self.tmp / f"node-{self.arms}.log").start()
         node.wait_ready(60)
         assert node.pid is not None
-        self.node_nofile = psutil.Process(node.pid).rlimit(psutil.RLIMIT_NOFILE)
+        self.node_nofile = node_processes(node.pid)[-1].rlimit(psutil.RLIMIT_NOFILE)
         leader_id, host, port = leader_address(ip, 9092, self.topic)
         if leader_id != self.leader[0]:
             raise RuntimeError(f"the node names broker {leader_id} the leader, the brokers {self.leader[0]}")
@@ -203,19 +246,21 @@ class _StormBench:
         try:
             self._storm(host, port, WARM_UP_CLIENTS)  # one-time allocations (caches, imports) before "before"
             assert node.pid is not None
-            proc = psutil.Process(node.pid)
-            rss_before = proc.memory_info().rss
+            procs = node_processes(node.pid)
+            rss_before = tree_rss(procs)
+            refused_before = _refused(node)
             held: dict[str, float] = {}
 
             async def hold() -> None:
-                held["rss"] = proc.memory_info().rss
+                held["rss"] = tree_rss(procs)
                 held["connections"] = _active_connections(node)
 
             label = f" (listen_backlog {listen_backlog})" if listen_backlog is not None else ""
-            self.progress(f"{clients} clients at once, through kproxy{label}")
-            cpu_before = sum(proc.cpu_times()[:2])
+            self.progress(f"{clients} clients at once, through kproxy{label} (W = {self.workers})")
+            cpu_before = tree_cpu_s(procs)
             result = self._storm(host, port, clients, hold)
-            self.cpu_ms_per_connection = (sum(proc.cpu_times()[:2]) - cpu_before) * 1000 / clients
+            self.cpu_ms_per_connection = (tree_cpu_s(procs) - cpu_before) * 1000 / clients
+            self.refused = {reason: n - refused_before.get(reason, 0.0) for reason, n in _refused(node).items()}
             rss_per_connection = (held["rss"] - rss_before) / clients
             return result, rss_per_connection, int(held["connections"])
         finally:
@@ -236,6 +281,22 @@ def _active_connections(node: NodeProcess) -> float:
     return -1.0
 
 
+def _refused(node: NodeProcess) -> dict[str, float]:
+    """The node's ``kproxy_connections_refused_total`` by reason (every worker's, added up by
+    the supervisor)."""
+    return parse_refused(node.get("/metrics").text)
+
+
+def parse_refused(metrics_text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(metrics_text):
+        for sample in family.samples:
+            if sample.name == "kproxy_connections_refused_total":
+                reason = sample.labels.get("reason", "?")
+                out[reason] = out.get(reason, 0.0) + sample.value
+    return out
+
+
 def _row(clients: int, direct: StormResult, proxied: StormResult, rss_per_connection: float,
          held: int) -> dict[str, Any]:
     return {
@@ -254,17 +315,20 @@ def _row(clients: int, direct: StormResult, proxied: StormResult, rss_per_connec
 
 def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = None,
         deadline_s: float = CLIENT_DEADLINE_S, sources: int = DEFAULT_SOURCES,
-        idle_window_s: float = DEFAULT_IDLE_WINDOW_S,
+        idle_window_s: float = DEFAULT_IDLE_WINDOW_S, workers: int | None = None,
         progress: Callable[[str], None] = print) -> dict[str, Any]:
     """``idle_window_s``: also measure the idle cost of a 5-node fleet on the same
-    brokers over that many seconds (chaos.bench.idle); 0: do not."""
+    brokers over that many seconds (chaos.bench.idle); 0: do not. ``workers``: the
+    node's data-path processes (default: :func:`default_workers`)."""
+    workers = default_workers() if workers is None else workers
     nofile = raise_nofile(max(NOFILE_WANTED, 2 * max(clients) + 4 * RESERVED_DESCRIPTORS))
     results: dict[str, Any] = {"storm": [], "listen_backlog": DEFAULT_LISTEN_BACKLOG, "somaxconn": somaxconn(),
                                "sources": sources, "accepts_per_source_per_s": DEFAULT_ACCEPTS_PER_SOURCE_PER_S,
                                "client_deadline_s": deadline_s, "kafka_listen_backlog": KAFKA_DEFAULT_LISTEN_BACKLOG,
+                               "workers": workers,
                                "load_average_before": [round(x, 2) for x in psutil.getloadavg()]}
     with tempfile.TemporaryDirectory(prefix="kproxy-storm-") as tmp:
-        bench = _StormBench(Path(tmp), deadline_s=deadline_s, sources=sources, progress=progress)
+        bench = _StormBench(Path(tmp), deadline_s=deadline_s, sources=sources, progress=progress, workers=workers)
         try:
             bench.start_brokers()
             results["topic_leader"] = {"broker": bench.leader[0], "address": f"{bench.leader[1]}:{bench.leader[2]}"}
@@ -275,6 +339,7 @@ def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = Non
                 row = _row(n, direct, proxied, rss, held)
                 row["direct_listen_overflows"], row["proxy_listen_overflows"] = direct_overflows, bench.overflows
                 row["proxy_cpu_ms_per_connection"] = round(bench.cpu_ms_per_connection, 3)
+                row["proxy_refused"] = bench.refused
                 if backlog is not None:
                     other, other_rss, _ = bench.proxy(n, backlog)
                     row[f"backlog_{backlog}"] = {"all_served_s": other.all_served_s, "failed": other.failed,
@@ -282,7 +347,7 @@ def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = Non
                                                  "rss_bytes_per_connection": round(other_rss),
                                                  "listen_overflows": bench.overflows,
                                                  "connect_p99_s": other.connect_p99_s,
-                                                 "slow_connects": other.slow_connects}
+                                                 "slow_connects": other.slow_connects, "refused": bench.refused}
                 results["storm"].append(row)
                 progress(f"{n}: direct {direct.all_served_s} s ({direct.failed} failed), "
                          f"kproxy {proxied.all_served_s} s ({proxied.failed} failed)")
@@ -294,12 +359,20 @@ def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = Non
         finally:
             bench.stop()
     node_soft = bench.node_nofile[0] if bench.node_nofile else None
-    results["nofile"] = {"generator": list(nofile), "proxy_node": list(bench.node_nofile or ()),
-                         "proxy_node_max_clients": (node_soft - RESERVED_DESCRIPTORS) // 2 if node_soft else None}
+    results["nofile"] = {"generator": list(nofile), "proxy_worker": list(bench.node_nofile or ()),
+                         "proxy_node_max_clients": node_max_clients(node_soft, workers) if node_soft else None}
     results["targets"] = _targets(results["storm"])
     if "idle_cpu_fraction" in results:
         results["targets"]["idle_cpu_fraction<=0.005"] = results["idle_cpu_fraction"] <= 0.005
     return results
+
+
+def node_max_clients(worker_nofile: int, workers: int, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> int:
+    """The clients a node of ``workers`` processes holds at most when each has the soft
+    descriptor limit ``worker_nofile``: each its share of ``max_connections``, within its own
+    descriptors (proxy.listeners.client_capacity, per process)."""
+    per_worker = min(worker_share(max_connections, workers), max(1, (worker_nofile - RESERVED_DESCRIPTORS) // 2))
+    return workers * per_worker
 
 
 def _targets(rows: list[dict[str, Any]]) -> dict[str, bool]:

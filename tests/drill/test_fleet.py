@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
+import socket
+import struct
+import subprocess
 import threading
 import time
 
 import httpx
+import psutil
 import pytest
 from click.testing import CliRunner
 
@@ -106,6 +112,106 @@ def test_drain_moves_identities_without_client_errors(fleet, topic_name):
     _wait(lambda: fleet.fleet_view().assignment.get("3") == "p3", 20, "p3 serving broker 3 again")
     got = clients.consume("kafka-python", bs, topic_name, f"g-{topic_name}", 40)
     assert sorted(c.value for c in got) == sorted(a.value for a in acks)
+
+
+def _api_versions(host: str, port: int) -> socket.socket | None:
+    """A client connection that got an answer to ApiVersions v0 (None if refused or closed)."""
+    payload = struct.pack(">hhih", 18, 0, 1, 1) + b"t"
+    try:
+        sock = socket.create_connection((host, port), timeout=5)
+    except OSError:
+        return None
+    try:
+        sock.sendall(struct.pack(">i", len(payload)) + payload)
+        head = sock.recv(4, socket.MSG_WAITALL)
+        if len(head) == 4 and sock.recv(struct.unpack(">i", head)[0], socket.MSG_WAITALL):
+            return sock
+    except OSError:
+        pass
+    sock.close()
+    return None
+
+
+def _closed_by_peer(sock: socket.socket) -> bool:
+    try:
+        return sock.recv(1) == b""
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def _accepting_pids(host: str, ports: set[int]) -> list[int]:
+    """The pids of the processes holding the accepted side of every established connection to
+    ``host`` on one of ``ports`` (ss -p), one entry per connection."""
+    out = subprocess.run(["ss", "-tnpH", "state", "established", "src", host], capture_output=True, text=True,
+                         check=True).stdout
+    pids = []
+    for line in out.splitlines():
+        fields = line.split()
+        local = fields[2] if len(fields) > 2 else ""
+        if local.rsplit(":", 1)[-1].isdigit() and int(local.rsplit(":", 1)[-1]) in ports:
+            pids += [int(p) for p in re.findall(r"pid=(\d+)", line)]
+    return pids
+
+
+def _process_tree(pid: int) -> set[int]:
+    root = psutil.Process(pid)
+    return {pid, *(c.pid for c in root.children(recursive=True))}
+
+
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+def test_a_returned_node_gets_back_the_clients_survivors_accepted_at_its_address(fleet, topic_name):
+    """SIGKILL p3: the survivors stand in on its address and accept clients there. Restart it:
+    once it serves its address again, the survivors hand those clients back (closed at an idle
+    moment); they reconnect to the same address and are p3's own. A producer that knew only p3's
+    address loses nothing meanwhile."""
+    fleet.wait_healthy(30)
+    clients.produce("confluent", fleet.bootstrap_servers, topic_name, 1, prefix=0)
+    p3 = fleet.node_address("p3")
+    ports = {9092, 9101, 9102, 9103}
+    fleet.signal_node("p3", "KILL")
+    _wait(lambda: all(f"{p3}:9092" in n.standing_in for n in fleet.fleet_view().nodes if n.id != "p3"), 15,
+          "both survivors standing in on p3's bootstrap port")
+    socks = [_wait(lambda: _api_versions(p3, port), 10, f"an answer at {p3}:{port}") for port in (9092,) * 4]
+    producer = _SteadyProducer(f"{p3}:9092", topic_name)  # its bootstrap connection: a stand-in's
+    producer.start()
+    try:
+        producer.acks_since(50, 30)
+        survivors = set().union(*(_process_tree(fleet.nodes[n].pid) for n in ("p1", "p2")))
+        assert len([p for p in _accepting_pids(p3, ports) if p in survivors]) >= len(socks)
+        for sock in socks:
+            sock.settimeout(0.2)
+            assert not _closed_by_peer(sock)  # held while p3 is down
+        fleet.restart_node("p3")
+        fleet.wait_healthy(60)
+        for sock in socks:
+            assert _wait(lambda: _closed_by_peer(sock), 20, "a stand-in's client handed back")
+        _wait(lambda: not any(p in survivors for p in _accepting_pids(p3, ports)), 20,
+              "no connection to p3's address left on a survivor")
+        back = [_api_versions(p3, 9092) for _ in socks]
+        assert all(back)
+        mine = _process_tree(fleet.nodes["p3"].pid)
+        pids = _accepting_pids(p3, ports)
+        assert len([p for p in pids if p in mine]) >= len(back) and set(pids) <= mine, (pids, mine)
+        assert fleet.status("p3").connections >= len(back)
+        producer.acks_since(50, 30)
+        for sock in back:
+            assert sock is not None
+            sock.close()
+    finally:
+        for sock in socks:
+            sock.close()
+        producer.stop_flag.set()
+        producer.join(90)
+    assert not producer.is_alive()
+    assert producer.errors == []
+    acked = set(producer.acked)
+    got = clients.consume("confluent", fleet.bootstrap_servers, topic_name, f"g-{topic_name}", len(acked) + 1,
+                          timeout=90)
+    values = [c.value for c in got]
+    assert acked <= set(values), f"lost: {sorted(acked - set(values))[:10]}"
+    fleet.wait_balanced(30)
 
 
 def test_cluster_commands_through_any_admin_endpoint(fleet):

@@ -198,3 +198,23 @@ def test_client_capacity_raises_the_soft_descriptor_limit_and_caps_the_node(monk
     limits["now"] = (1000, 5000)
     monkeypatch.setattr(listeners.resource, "setrlimit", refuse)
     assert listeners.client_capacity(50_000) == (1000 - listeners.RESERVED_DESCRIPTORS) // 2
+
+
+@pytest.mark.parametrize(("max_connections", "workers", "share"), [
+    (50_000, 1, 50_000), (50_000, 2, 25_000), (10_001, 2, 5001), (1, 2, 1), (7, 3, 3)])
+def test_a_worker_admits_its_share_of_the_node_cap_rounded_up(max_connections, workers, share) -> None:
+    from proxy.listeners import worker_share
+
+    assert worker_share(max_connections, workers) == share
+    assert max_connections <= workers * share < max_connections + workers
+
+
+def test_client_capacity_of_a_worker_is_its_share_within_its_own_descriptor_limit(monkeypatch) -> None:
+    from proxy import listeners
+
+    monkeypatch.setattr(listeners.resource, "getrlimit", lambda which: (20_000, 20_000))
+    per_process = (20_000 - listeners.RESERVED_DESCRIPTORS) // 2  # 9,872: the container's cap
+    assert listeners.client_capacity(50_000, 1) == per_process
+    assert listeners.client_capacity(50_000, 2) == per_process  # each worker's own limit
+    assert listeners.client_capacity(10_000, 2) == 5000  # the node's 10,000, half each
+    assert listeners.client_capacity(10_000, 1) == per_process

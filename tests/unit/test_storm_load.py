@@ -144,3 +144,53 @@ def test_bench_storm_rejects_bad_sizes_naming_the_option(sizes: str) -> None:
 
     result = CliRunner().invoke(cli, ["bench", "storm", "--clients", sizes])
     assert result.exit_code == 2 and "--clients" in result.output
+
+
+def test_a_node_of_w_workers_holds_w_times_what_one_descriptor_limit_allows() -> None:
+    from chaos.bench.storm import node_max_clients
+    from proxy.listeners import RESERVED_DESCRIPTORS
+
+    # The container's 20,000: one process held 9,872 clients (two descriptors each).
+    assert node_max_clients(20_000, 1) == 9872 == (20_000 - RESERVED_DESCRIPTORS) // 2
+    assert node_max_clients(20_000, 2) == 19_744
+    assert node_max_clients(RESERVED_DESCRIPTORS, 2) == 2  # at least one client per worker
+    assert node_max_clients(20_000, 2, max_connections=10_000) == 10_000  # the node's cap, half each
+
+
+def test_the_refusals_a_node_counted_are_read_by_reason_over_its_workers() -> None:
+    from chaos.bench.storm import parse_refused
+
+    text = "\n".join([
+        "# HELP kproxy_connections_refused_total Client connections refused at accept",
+        "# TYPE kproxy_connections_refused_total counter",
+        'kproxy_connections_refused_total{node="p1",reason="max_connections"} 128.0',
+        'kproxy_connections_refused_total{node="p1",reason="accepts_per_source_per_s"} 0.0',
+        'kproxy_connections_refused_created{node="p1",reason="max_connections"} 1.7e9',
+        "# TYPE kproxy_connections_active gauge",
+        'kproxy_connections_active{node="p1"} 3.0',
+        ""])
+    assert parse_refused(text) == {"max_connections": 128.0, "accepts_per_source_per_s": 0.0}
+    assert parse_refused("") == {}
+    untyped = 'kproxy_connections_refused_total{node="p1",reason="max_connections"} 5\n'
+    assert parse_refused(untyped) == {"max_connections": 5.0}
+
+
+def test_bench_storm_takes_the_node_s_worker_count(monkeypatch) -> None:
+    from click.testing import CliRunner
+
+    from chaos.bench import storm as storm_bench
+    from cli.main import cli
+
+    asked = {}
+
+    def run(sizes, **kwargs):  # type: ignore[no-untyped-def]
+        asked.update(kwargs, sizes=sizes)
+        return {"storm": [], "targets": {}}
+
+    monkeypatch.setattr(storm_bench, "run", run)
+    result = CliRunner().invoke(cli, ["bench", "storm", "--clients", "10", "--workers", "3", "--idle-window", "0"])
+    assert result.exit_code == 0, result.output
+    assert asked["workers"] == 3 and asked["sizes"] == (10,)
+    result = CliRunner().invoke(cli, ["bench", "storm", "--clients", "10", "--idle-window", "0"])
+    assert asked["workers"] is None  # the bench's default: the node's own (default_workers)
+    assert storm_bench.default_workers() >= 1

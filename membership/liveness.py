@@ -148,9 +148,12 @@ class Liveness:
     # ---- view --------------------------------------------------------------------------------
 
     def hears(self, peer: str, now: float) -> bool:
-        """We heard ``peer`` within suspect_timeout (what our datagrams to it say)."""
+        """We heard ``peer`` within suspect_timeout and its host has not refused a datagram
+        since (its process is gone): what our datagrams to it say."""
         heard = self._heard.get(peer)
-        return heard is not None and now - heard <= self.suspect_timeout
+        if heard is None or now - heard > self.suspect_timeout:
+            return False
+        return heard > self._refused.get(peer, float("-inf"))
 
     def hearing(self, now: float) -> frozenset[str]:
         return frozenset(p for p in self.peers if self.hears(p, now))
@@ -167,9 +170,7 @@ class Liveness:
     def is_live(self, peer: str, now: float) -> bool:
         if peer == self.self_id:
             return True
-        if not self.hears(peer, now) or self._hears_us.get(peer) is False:
-            return False
-        return self._heard[peer] > self._refused.get(peer, float("-inf"))
+        return self.hears(peer, now) and self._hears_us.get(peer) is not False
 
     def live(self, now: float) -> frozenset[str]:
         return frozenset([self.self_id, *(p for p in self.peers if self.is_live(p, now))])

@@ -197,6 +197,7 @@ class MemberCore:
         self._configured = config.nodes()
         self.roster: tuple[MemberSpec, ...] = tuple(config.members)
         self.live: frozenset[ProxyId] = frozenset([self.node_id])
+        self.isolated = False
         self._planner = Planner(config.rebalance_delay, broker_grace=config.broker_grace)
         self._tokens = itertools.count(1)
         self._started_at = now
@@ -260,10 +261,16 @@ class MemberCore:
 
     # ---- the tick ----------------------------------------------------------------------------
 
-    def tick(self, now: float, live: frozenset[ProxyId], heard_all: bool, raft: RaftView) -> list[Action]:
-        """``live``: this node and every peer whose heartbeat is fresh; ``heard_all``:
-        every peer has been heard at least once since this process started."""
+    def tick(self, now: float, live: frozenset[ProxyId], heard_all: bool, raft: RaftView,
+             isolated: bool = False) -> list[Action]:
+        """``live``: this node and every peer that is live both ways (membership.liveness);
+        ``heard_all``: every peer has been in two-way contact once since this process started;
+        ``isolated``: this node hears no peer and they all fell silent at once (it is
+        more likely the one cut off: its map then claims no peer's address)."""
         out: list[Action] = []
+        if isolated != self.isolated:
+            self.isolated = isolated
+            out.append(_emit(now, "isolated" if isolated else "not_isolated"))
         if raft.state.roster and raft.state.roster != self.roster:
             self._adopt_roster(raft.state.roster, now, out)
         self.live = live
@@ -409,7 +416,7 @@ class MemberCore:
         self, state: FleetState, live: frozenset[ProxyId], degraded: bool, now: float, out: list[Action]
     ) -> None:
         local = self.local_brokers or ()
-        key = (state, live, degraded, local)
+        key = (state, live, degraded, local, self.isolated)
         if key == self._map_key:
             return
         self._map_key = key
@@ -426,6 +433,7 @@ class MemberCore:
             vacant=self._vacant,
             version=prev.version + 1,
             changed_at=now,
+            isolated=self.isolated,
         )
         if new.same_table(prev):
             return

@@ -77,6 +77,7 @@ def build_serving_map(
     vacant: Iterable[ProxyId] | None = None,
     version: int = 0,
     changed_at: float = 0.0,
+    isolated: bool = False,
 ) -> ServingMap:
     """This node's :class:`ServingMap` (see the module doc for the owners).
 
@@ -84,7 +85,8 @@ def build_serving_map(
     Stand-in duties follow the committed view only: in degraded mode a node
     cannot tell a dead peer from a partitioned one, so the caller passes the
     vacant set of its last map that was not degraded (:class:`MemberCore` does).
-    A draining node stands in for nobody.
+    A draining node stands in for nobody. An ``isolated`` node (membership.liveness) lists no
+    peer as unreachable: it is the one cut off, and must not claim its peers' addresses.
     """
     nodes = dict(configured)
     nodes.update(state.member_map())
@@ -109,7 +111,9 @@ def build_serving_map(
         draining=state.draining,
         stand_ins=stand_in_duties(owners, nodes.values(), gone, idle=state.draining),
         degraded=degraded,
-        unreachable=frozenset(nodes) - frozenset(reachable) - {self_id} if degraded else frozenset(),
+        unreachable=(frozenset(nodes) - frozenset(reachable) - {self_id} if degraded and not isolated
+                     else frozenset()),
+        isolated=isolated,
         version=version,
         changed_at=changed_at,
         error=error,

@@ -20,10 +20,13 @@ of every peer, whatever the roles, with its own timeout:
   death is seen within milliseconds while the beat itself can stay slow (an
   idle node's CPU is mostly the wake-ups of its tick thread);
 * a frozen or partitioned peer just stops sending: it is dead after
-  ``suspect_timeout`` without a datagram from it.
+  ``suspect_timeout`` without a datagram from it;
+* a peer that still sends but hears nothing (a one-way partition) says so: each
+  datagram tells its receiver whether the sender hears it, and a peer that does
+  not hear us is not live (membership.liveness, which holds the decisions).
 
-Datagrams carry the sender's id, a per-process incarnation and a sequence
-number, authenticated with HMAC-SHA256 under a key derived from the fleet
+Datagrams carry the sender's id, a per-process incarnation, a sequence
+number and the "I hear you" flag, authenticated with HMAC-SHA256 under a key derived from the fleet
 password; a datagram must also come from the peer's configured host (when that
 is an IP literal). Everything runs on the pysyncobj tick thread: the sockets
 are registered with its poller, so no extra thread is needed.
@@ -31,52 +34,22 @@ are registered with its poller, so no extra thread is needed.
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import ipaddress
 import logging
 import math
 import os
 import socket
-import struct
 import time
 from collections.abc import Callable, Mapping
 
+from membership.liveness import MAX_DATAGRAM, Liveness, decode, encode, heartbeat_key
+
 log = logging.getLogger(__name__)
 
-MAGIC = b"KPH1"
-MAC_BYTES = 16
-MAX_DATAGRAM = 512
+# Peers whose last datagrams arrived within this many beats of each other fell silent "at once".
+ISOLATION_SPREAD_BEATS = 2
 # Datagrams read per readiness event: bounds the work of one tick.
 MAX_READS_PER_EVENT = 64
-
-
-def heartbeat_key(password: str) -> bytes:
-    return hashlib.sha256(b"kproxy-heartbeat\0" + password.encode()).digest()
-
-
-def encode(key: bytes, node_id: str, incarnation: bytes, seq: int) -> bytes:
-    nid = node_id.encode()
-    body = MAGIC + incarnation + struct.pack("!QB", seq, len(nid)) + nid
-    return body + hmac.new(key, body, hashlib.sha256).digest()[:MAC_BYTES]
-
-
-def decode(key: bytes, data: bytes) -> tuple[str, bytes, int] | None:
-    """(node_id, incarnation, seq) or None when malformed or not authentic."""
-    head = len(MAGIC) + 8 + 9
-    if len(data) < head + MAC_BYTES or not data.startswith(MAGIC):
-        return None
-    body, mac = data[:-MAC_BYTES], data[-MAC_BYTES:]
-    if not hmac.compare_digest(mac, hmac.new(key, body, hashlib.sha256).digest()[:MAC_BYTES]):
-        return None
-    incarnation = body[len(MAGIC) : len(MAGIC) + 8]
-    seq, n = struct.unpack("!QB", body[len(MAGIC) + 8 : head])
-    if len(body) != head + n:
-        return None
-    try:
-        return body[head:].decode(), incarnation, seq
-    except UnicodeDecodeError:
-        return None
 
 
 def _ip_or_none(host: str) -> str | None:
@@ -112,9 +85,8 @@ class Heartbeat:
         self._next_send = 0.0
         self._recv: socket.socket | None = None
         self._send: dict[str, socket.socket] = {}
-        self._heard: dict[str, float] = {}
-        self._refused: dict[str, float] = {}
-        self._last: dict[str, tuple[bytes, int]] = {}
+        self.view = Liveness(self_id, self.peers, suspect_timeout)
+        self._told: frozenset[str] = frozenset()  # whom our last datagrams said we hear
         self._peer_ip = ({p: _ip_or_none(addr[0]) for p, addr in self.peers.items()} if origins is None
                          else {p: origins.get(p) for p in self.peers})
         self.rejected = 0  # datagrams that failed authentication or origin checks
@@ -155,8 +127,6 @@ class Heartbeat:
             if s is not None:
                 closing(s.fileno())
                 s.close()
-            for book in (self._heard, self._refused, self._last):
-                book.pop(peer, None)
         added = []
         for peer, addr in sorted(new.items()):
             if self.peers.get(peer) != addr and peer in self._send:  # moved: a new socket
@@ -167,6 +137,7 @@ class Heartbeat:
                 added.append((self._send[peer].fileno(),
                               lambda _fd, _ev, peer=peer: self.on_peer_event(peer)))
         self.peers = new
+        self.view.set_peers(new)
         self._peer_ip = {p: _ip_or_none(addr[0]) for p, addr in new.items()}
         return added
 
@@ -193,15 +164,21 @@ class Heartbeat:
         return self._next_send
 
     def tick(self, now: float) -> None:
-        if now < self._next_send:
+        """Beat when due, and at once when whom we hear changed: a peer we stopped hearing
+        learns it from our next datagram (two-way liveness, membership.liveness), and one we
+        hear again sees us live without waiting for the beat."""
+        hearing = self.view.hearing(now)
+        if now < self._next_send and hearing == self._told:
             return
-        # Beats go out on a grid of the clock (CLOCK_MONOTONIC is one clock for every
-        # process of a host): the peers' datagrams then arrive together and a
-        # receiver wakes once per beat instead of once per peer.
-        self._next_send = (math.floor(now / self.interval) + 1) * self.interval
-        data = self._next_datagram()
+        if now >= self._next_send:
+            # Beats go out on a grid of the clock (CLOCK_MONOTONIC is one clock for every
+            # process of a host): the peers' datagrams then arrive together and a
+            # receiver wakes once per beat instead of once per peer.
+            self._next_send = (math.floor(now / self.interval) + 1) * self.interval
+        self._told = hearing
+        self._seq += 1
         for peer, s in self._send.items():
-            self._send_to(peer, s, data, now)
+            self._send_to(peer, s, self._datagram(peer, hearing), now)
 
     def probe(self, peer: str, now: float) -> None:
         """Send ``peer`` a datagram now, off the beat: when its process is gone
@@ -211,18 +188,19 @@ class Heartbeat:
         s = self._send.get(peer)
         if s is None:
             return
-        self._send_to(peer, s, self._next_datagram(), now)
+        self._seq += 1
+        self._send_to(peer, s, self._datagram(peer, self.view.hearing(now)), now)
         self.on_peer_event(peer)  # on loopback the refusal is often there already
 
-    def _next_datagram(self) -> bytes:
-        self._seq += 1
-        return encode(self._key, self.self_id, self._incarnation, self._seq)
+    def _datagram(self, peer: str, hearing: frozenset[str]) -> bytes:
+        hears = None if self.view.speaks_v1(peer) else peer in hearing
+        return encode(self._key, self.self_id, self._incarnation, self._seq, hears)
 
     def _send_to(self, peer: str, s: socket.socket, data: bytes, now: float) -> None:
         try:
             s.send(data)
         except ConnectionRefusedError:
-            self._refused[peer] = now
+            self.view.refused(peer, now)
         except OSError as exc:  # buffer full, no route: a missed beat, nothing more
             log.debug("heartbeat to %s failed: %s", peer, exc)
 
@@ -242,19 +220,12 @@ class Heartbeat:
 
     def receive(self, data: bytes, ip: str, now: float) -> None:
         """Account one datagram from ``ip`` (the socket-free part of on_readable)."""
-        msg = decode(self._key, data)
-        if msg is None:
+        beat = decode(self._key, data)
+        peer = beat.node_id if beat is not None else ""
+        if beat is None or peer not in self.peers or (self._peer_ip[peer] is not None and self._peer_ip[peer] != ip):
             self.rejected += 1
             return
-        peer, incarnation, seq = msg
-        if peer not in self.peers or (self._peer_ip[peer] is not None and self._peer_ip[peer] != ip):
-            self.rejected += 1
-            return
-        last = self._last.get(peer)
-        if last is not None and last[0] == incarnation and seq <= last[1]:
-            return  # duplicate or reordered: no news
-        self._last[peer] = (incarnation, seq)
-        self._heard[peer] = now
+        self.view.heard(beat, now)
 
     def on_peer_event(self, peer: str) -> None:
         s = self._send.get(peer)
@@ -264,44 +235,34 @@ class Heartbeat:
             try:
                 s.recv(MAX_DATAGRAM)  # nobody should send here; this surfaces a pending error
             except ConnectionRefusedError:
-                self._refused[peer] = self.clock()
+                self.view.refused(peer, self.clock())
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 log.debug("heartbeat socket of %s: %s", peer, exc)
                 return
 
-    # ---- view --------------------------------------------------------------------------------
+    # ---- view (membership.liveness) -----------------------------------------------------------
 
     def has_heard(self, peer: str) -> bool:
-        """At least one datagram from ``peer`` since this process started."""
-        return peer in self._heard
+        """``peer`` and this process have talked both ways at least once (it sent us a
+        datagram saying it hears us)."""
+        return self.view.has_contact(peer)
 
     def is_live(self, peer: str, now: float) -> bool:
-        if peer == self.self_id:
-            return True
-        heard = self._heard.get(peer)
-        if heard is None or now - heard > self.suspect_timeout:
-            return False
-        return heard > self._refused.get(peer, float("-inf"))
+        return self.view.is_live(peer, now)
 
     def live(self, now: float) -> frozenset[str]:
-        return frozenset([self.self_id, *(p for p in self.peers if self.is_live(p, now))])
+        return self.view.live(now)
+
+    def isolated(self, now: float) -> bool:
+        """Every peer fell silent within two beats of each other (membership.liveness): this
+        host is more likely the one cut off."""
+        return self.view.isolated(now, ISOLATION_SPREAD_BEATS * self.interval)
 
     def next_expiry(self, now: float) -> float:
-        """The clock's time at which the first live peer goes stale (suspect_timeout
-        after its last datagram), inf if none will: the member wakes then."""
-        due = [self._heard[p] + self.suspect_timeout for p in self.peers if self.is_live(p, now)]
-        return min(due, default=float("inf"))
+        """When the member must wake: the first peer we hear goes stale then (inf if none)."""
+        return self.view.next_expiry(now)
 
     def peer_status(self, now: float) -> dict[str, dict[str, object]]:
-        out: dict[str, dict[str, object]] = {}
-        for p in sorted(self.peers):
-            heard = self._heard.get(p)
-            refused = self._refused.get(p)
-            out[p] = {
-                "live": self.is_live(p, now),
-                "last_heard_ms_ago": None if heard is None else round((now - heard) * 1000, 1),
-                "refused_ms_ago": None if refused is None else round((now - refused) * 1000, 1),
-            }
-        return out
+        return self.view.peer_status(now)

@@ -74,6 +74,10 @@ class ServingMap:
     # Degraded mode only: the nodes this one cannot reach (the addresses of those float to
     # it or a peer it reaches: proxy.takeover); empty while the fleet has quorum.
     unreachable: frozenset[ProxyId] = frozenset()
+    # This node hears none of its peers and they all fell silent at once: more likely its own
+    # receive path is cut (a one-way partition) than every peer failing together. Its peers
+    # declare it down and take its address; it takes none of theirs (``unreachable`` stays empty).
+    isolated: bool = False
     version: int = 0
     changed_at: float = 0.0
     error: str | None = None

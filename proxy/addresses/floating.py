@@ -130,9 +130,17 @@ class FloatingAddresses:
                 await resync()
 
     def map_seen(self, serving: ServingMap) -> bool:
-        """A new map: True when it fences the node (quorum back after a degraded spell)."""
-        if self.fence.map_seen(self.clock(), serving.degraded, serving.epoch):
-            log.warning("quorum back after a degraded spell: fencing", extra={"node": self.node_id})
+        """A new map: True when it fences the node (quorum back after a degraded spell, or peers
+        heard again after an isolated one).
+
+        Isolated (membership.liveness: this host heard no peer, all fell silent at once) counts
+        as degraded here: such a host was most likely cut off one way and declared down while it
+        kept its own address (a survivor announced it meanwhile, so the clients' ARP caches name
+        the survivor). Fenced, it gives the address back and takes it again, announcing it,
+        once the committed map says it is up; kept, it would never be announced again and its
+        clients would wait for their ARP entries to expire."""
+        if self.fence.map_seen(self.clock(), serving.degraded or serving.isolated, serving.epoch):
+            log.warning("quorum back after a degraded or isolated spell: fencing", extra={"node": self.node_id})
             return True
         return False
 

@@ -200,8 +200,14 @@ def test_probe_sees_a_closed_port_before_the_next_beat():
     a.open()
     b.open()
     try:
-        b.tick(time.monotonic())
-        wait_until("a hears b", lambda: (a.on_readable(), a.is_live("b", time.monotonic()))[1], timeout=3)
+        def pump() -> None:  # one beat each, then the off-beat answers of two-way liveness
+            now = time.monotonic()
+            a.tick(now)
+            b.tick(now)
+            a.on_readable()
+            b.on_readable()
+
+        wait_until("a hears b", lambda: (pump(), a.is_live("b", time.monotonic()))[1], timeout=3)
         assert a.next_expiry(time.monotonic()) > time.monotonic() + 29  # b's last datagram + suspect_timeout
         b.close()
         a.probe("b", time.monotonic())

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from membership.config import ConfigError, MemberConfig, MemberSpec
-from membership.heartbeat import Heartbeat, decode, encode, heartbeat_key
+from membership.heartbeat import Heartbeat
+from membership.liveness import Beat, decode, encode, heartbeat_key
 from topology import PortScheme, ProxyNode
 
 pytestmark = pytest.mark.unit
@@ -104,7 +105,7 @@ def test_dict_round_trip():
 def test_heartbeat_codec():
     key = heartbeat_key("pw")
     data = encode(key, "p1", b"12345678", 42)
-    assert decode(key, data) == ("p1", b"12345678", 42)
+    assert decode(key, data) == Beat("p1", b"12345678", 42, True)
     assert decode(heartbeat_key("other"), data) is None
     tampered = bytearray(data)
     tampered[-20] ^= 1
@@ -124,7 +125,7 @@ def test_heartbeat_liveness_rules():
     assert hb.live(11.01) == {"a"}  # silence past the timeout
     # A refusal (the peer's port is closed: its process died) kills at once...
     hb.receive(encode(key, "b", b"inc-0001", 2), "127.0.0.2", now=20.0)
-    hb._refused["b"] = 20.1
+    hb.view.refused("b", 20.1)
     assert hb.live(20.2) == {"a"}
     # ...until the peer is heard again (restarted: a new incarnation, seq from 1).
     hb.receive(encode(key, "b", b"inc-0002", 1), "127.0.0.2", now=20.5)

@@ -267,3 +267,15 @@ def test_the_degraded_map_names_the_nodes_out_of_reach_and_the_quorate_one_none(
     assert degraded.unreachable == {"p2", "p3"}
     quorate = build_serving_map(FleetState(), self_id="p1", configured=nodes, reachable={"p1"}, degraded=False)
     assert quorate.unreachable == frozenset()
+
+
+def test_a_node_that_hears_its_peers_again_after_isolation_fences_itself():
+    """One-way cut: the host kept its own address while a survivor announced it; hearing peers
+    again it gives the address back (to announce it anew once it is up), like after a degraded spell."""
+    shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
+                              confirm_s=0.5, mover=FakeMover(), clock=lambda: 1.0)  # type: ignore[arg-type]
+    m = fleet_map({1: "p1", 2: "p2", 3: "p3"})
+    assert shell.map_seen(m) is False
+    assert shell.map_seen(attrs.evolve(m, isolated=True)) is False and not shell.fence.fenced
+    assert shell.map_seen(m) is True and shell.fence.fenced
+    assert wanted_addresses(m, "p1", fleet=True, fenced=shell.fence.fenced, draining=False) == frozenset()

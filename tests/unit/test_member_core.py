@@ -77,3 +77,17 @@ def test_degraded_map_keeps_the_last_committed_vacant_set():
     assert not c.serving.degraded
     c.tick(6.6, frozenset("a"), True, RaftView("candidate", None, 1, s))  # ...for longer than the lease
     assert c.serving.degraded and c.serving.vacant == {"c"}
+
+
+def test_an_isolated_node_claims_no_unreachable_peer_in_degraded_mode():
+    """A node that hears nobody because its own receive path is cut (membership.liveness) must
+    not float its peers' addresses to itself: its gratuitous ARPs would still reach the clients."""
+    s = joined()
+    s, _ = s.apply(MarkUp({"a", "b", "c"}, s.epoch))
+    c = core()
+    c.tick(0.0, frozenset("abc"), True, RaftView("follower", "b", 1, s))
+    c.tick(5.0, frozenset("a"), True, RaftView("candidate", None, 1, s), isolated=True)
+    c.tick(6.6, frozenset("a"), True, RaftView("candidate", None, 1, s), isolated=True)
+    assert c.serving.degraded and c.serving.isolated and c.serving.unreachable == frozenset()
+    c.tick(6.7, frozenset("a"), True, RaftView("candidate", None, 1, s))  # peers failed one by one
+    assert not c.serving.isolated and c.serving.unreachable == {"b", "c"}

@@ -1,0 +1,75 @@
+"""Every host fault once on emulated hosts (issue 13), each with all four client families and the
+final read of every partition (0 lost, 0 duplicated): kill, freeze, partition, a one-way
+partition (the host hears nothing but still sends: its peers must declare it down, which needs
+two-way liveness, membership.liveness), a flapping link and two hosts cut off one after the other.
+
+Cost: one fleet for the module (one broker, three proxies, each on its own host: 30-40 s to start
+on a 2-core machine) and six short drills (hold 2 s, 20 records/s per producer); skipped, with the
+reason, where namespaces (or, for the one-way partition, nft) cannot be used."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from chaos.drills.drill import DrillConfig, Target, parse_clients, run_drill
+from chaos.testbed.hosts import unavailable_reason
+
+pytestmark = [pytest.mark.drill, pytest.mark.slow]
+
+CLIENTS = "aiokafka,confluent,kafka-python,java"
+RATE = 20.0
+# Generous bounds for a loaded 2-core CI machine (the issue's targets are measured by the bench:
+# BENCHMARKS.md); what these catch is a client that never recovers or a fault nobody detects.
+RTO_BOUND_MS = 15_000
+TWO_NODE_BOUND_MS = 25_000
+# Faults whose victim the fleet must declare down, so that a survivor holds its address.
+MOVES_ADDRESS = ("kill", "freeze", "partition", "partition-one-way")
+
+
+@pytest.fixture(scope="module")
+def hosts_fleet(tmp_path_factory):
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"emulated hosts need network namespaces: {reason}")
+    from chaos.testbed.fleet import LocalFleet
+    from chaos.testbed.hosts import HostNet
+
+    fleet = LocalFleet.up(tmp_path_factory.mktemp("hosts-faults") / "fleet", brokers=1, proxies=3, hosts="netns")
+    try:
+        yield fleet
+    finally:
+        fleet.down()
+        assert fleet.hosts is None or HostNet(fleet.hosts).leftovers() == []
+
+
+@pytest.mark.parametrize("fault", ["kill", "freeze", "partition", "partition-one-way", "flap", "partition-two"])
+def test_host_fault(hosts_fleet, tmp_path, fault):
+    if fault == "partition-one-way" and shutil.which("nft") is None:
+        pytest.skip("partition-one-way drops packets with nftables: the nft command is not installed")
+    hosts_fleet.wait_healthy(60)
+    two_node = fault == "partition-two"
+    bound_ms = TWO_NODE_BOUND_MS if two_node else RTO_BOUND_MS
+    seed = 1300 + ["kill", "freeze", "partition", "partition-one-way", "flap", "partition-two"].index(fault)
+    config = DrillConfig(fault=fault, out_dir=tmp_path, repeat=1, clients=parse_clients(CLIENTS), rate=RATE,
+                         seed=seed, partitions=3, replication=1, hold_s=2.0,
+                         recovery_timeout_s=bound_ms / 1000 + 10)
+    result = run_drill(config, Target.of_fleet(hosts_fleet))
+    if result["skipped"]:
+        pytest.skip(result["reason"])
+    context = f"seed {seed}, trace {result.get('trace_dir')}\n" + json.dumps(
+        {k: result.get(k) for k in ("errors", "steps", "rto_ms", "max_gap_ms", "faults", "records", "lost_keys",
+                                    "duplicated_keys", "unrecovered", "final_read")}, indent=1, default=str)
+    assert result["errors"] == [], context
+    assert result["records"]["acked"] > 0, context
+    assert result["lost"] == 0, context
+    assert result["duplicated"] == 0, context
+    assert result["recovered"] is True, context
+    assert set(result["rto_ms"]) == set(CLIENTS.split(",")), context
+    for family, s in result["rto_ms"].items():
+        assert s["unrecovered"] == 0 and s["max"] < bound_ms, (family, context)
+    if fault in MOVES_ADDRESS:  # detected: a survivor took the victim's address
+        assert result["steps"][0].get("address_moved_ms") is not None, context
+    assert result["passed"] is True, context

@@ -32,6 +32,13 @@ log = logging.getLogger("kproxy.addresses")
 FENCE_TICK_S = 0.1
 # Tickles go out twice, this far apart: the first may race the clients' ARP update.
 TICKLE_AGAIN_S = 0.3
+# A taken address is announced again this long after the take (seconds from the take). Linux
+# ignores an ARP update to a neighbour entry changed less than `locktime` ago (1 s by default),
+# so the take's own gratuitous ARPs are lost where the previous holder's announcement or answer
+# was that fresh (a node back from a partition takes its address while the survivor still
+# holds it); the clients would then send to the previous holder until their entry went stale,
+# ~30 s (seen after heals on emulated hosts).
+ANNOUNCE_AGAIN_S = (1.5, 4.0)
 
 
 def floating_address(config: MoverConfig, node: str, host: str) -> FloatingAddress:
@@ -88,9 +95,27 @@ class FloatingAddresses:
                 self.reconciler.taken(action)
                 log.info("holding a floating address", extra={
                     "node": action.node, "address": action.host, "ms": round((self.clock() - started) * 1e3, 1)})
+                loop.create_task(self._announce_again(action, address))
                 if action.node != self.node_id:
                     loop.create_task(self._tickle(action))
             return self.held
+
+    async def _announce_again(self, action: TakeAddress, address: FloatingAddress) -> None:
+        """Announce a taken address again at ``ANNOUNCE_AGAIN_S`` while this host holds it."""
+        loop = asyncio.get_running_loop()
+        waited = 0.0
+        for at in ANNOUNCE_AGAIN_S:
+            await asyncio.sleep(at - waited)
+            waited = at
+            async with self._lock:  # not while a sync takes or releases it
+                if self.reconciler.held.get(action.node) != action.host:
+                    return  # given back meanwhile
+                try:
+                    await loop.run_in_executor(None, self.mover.announce, address)
+                except (MoverError, AddressRefused, OSError) as exc:
+                    log.warning("floating address not announced again", extra={
+                        "node": action.node, "address": action.host, "reason": str(exc)})
+                    return
 
     async def _tickle(self, action: TakeAddress) -> None:
         """Reset the silent clients of the node whose address was just taken (tickle ACKs)."""

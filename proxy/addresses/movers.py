@@ -20,7 +20,7 @@ import attrs
 
 from proxy.addresses.config import NETNS, LINUX, NONE, MoverConfig
 from proxy.addresses.plan import (FloatingAddress, LinkAddress, RunCommand, SendArp, Step, check_owned,
-                                  gratuitous_arp_frame, parse_mac, release_steps, take_steps)
+                                  announce_steps, gratuitous_arp_frame, parse_mac, release_steps, take_steps)
 
 log = logging.getLogger("kproxy.addresses")
 
@@ -81,6 +81,11 @@ class AddressMover:
         if self.config.kind != NONE:
             log.info("took a floating address", extra={"address": address.cidr, "node": address.node,
                                                        "mover": self.config.kind})
+
+    def announce(self, address: FloatingAddress) -> None:
+        """Announce ``address`` again (gratuitous ARP); only while this host holds it."""
+        self._check(address)
+        self._execute(announce_steps(self.config, address))
 
     def release(self, address: FloatingAddress) -> None:
         """Stop holding ``address`` (done if it is already gone)."""

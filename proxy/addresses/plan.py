@@ -111,13 +111,21 @@ def take_steps(config: MoverConfig, address: FloatingAddress) -> list[Step]:
         return [_script(config, TAKE, address)]
     assert config.interface is not None
     # `replace`, not `add`: taking an address this host already holds is done, not an error.
-    steps: list[Step] = [RunCommand(("ip", "addr", "replace", address.cidr, "dev", config.interface))]
+    return [RunCommand(("ip", "addr", "replace", address.cidr, "dev", config.interface)),
+            *announce_steps(config, address)]
+
+
+def announce_steps(config: MoverConfig, address: FloatingAddress) -> list[Step]:
+    """Announce ``address`` (gratuitous ARP) on the link that holds it; nothing for the command
+    mover (the operator's script announces, if its network needs it) and for none."""
+    if config.kind in (NONE, COMMAND) or config.interface is None:
+        return []
     if config.announce == ARPING:
-        steps.append(RunCommand(("arping", "-U", "-c", str(config.announce_count), "-I", config.interface,
-                                 str(address.ip))))
-    elif config.announce == RAW:
-        steps.append(SendArp(config.interface, address.ip, config.announce_count))
-    return steps
+        return [RunCommand(("arping", "-U", "-c", str(config.announce_count), "-I", config.interface,
+                            str(address.ip)))]
+    if config.announce == RAW:
+        return [SendArp(config.interface, address.ip, config.announce_count)]
+    return []
 
 
 def release_steps(config: MoverConfig, address: FloatingAddress) -> list[Step]:

@@ -11,7 +11,7 @@ import pytest
 from proxy.addresses.config import MoverConfig, MoverConfigError, parse_mover_config
 from proxy.addresses.movers import AddressMover, MoverError
 from proxy.addresses.plan import (AddressRefused, FloatingAddress, LinkAddress, RunCommand, SendArp,
-                                  gratuitous_arp_frame, parse_mac, release_steps, take_steps)
+                                  announce_steps, gratuitous_arp_frame, parse_mac, release_steps, take_steps)
 
 pytestmark = pytest.mark.unit
 
@@ -89,6 +89,16 @@ def test_command_mover_runs_the_script_with_arguments_and_environment():
     assert dict(step.env) == {"KPROXY_ACTION": "take", "KPROXY_ADDRESS": "10.0.1.7", "KPROXY_PREFIX_LEN": "24",
                               "KPROXY_NODE": "p3", "KPROXY_INTERFACE": ""}
     assert release_steps(c, a)[0].argv == ("/opt/move-ip", "release", "10.0.1.7/24", "p3")
+
+
+def test_announcing_again_is_the_take_without_the_address_change():
+    linux = parse_mover_config({"mover": "linux", "interface": "ens5", "networks": ["198.18.0.0/24"]})
+    assert announce_steps(linux, P1) == [RunCommand(("arping", "-U", "-c", "2", "-I", "ens5", "198.18.0.11"))]
+    assert announce_steps(parse_mover_config({"mover": "netns"}), P1) == [
+        SendArp("eth0", ipaddress.IPv4Address("198.18.0.11"), 2)]
+    command = parse_mover_config({"mover": "command", "command": ["/opt/move-ip"], "networks": ["10.0.1.0/24"]})
+    assert announce_steps(command, FloatingAddress.parse("10.0.1.7/24", "p3")) == []
+    assert announce_steps(MoverConfig(), P1) == []
 
 
 def test_none_mover_has_no_steps():

@@ -13,6 +13,7 @@ import attrs
 import pytest
 
 from membership.serving import BOOTSTRAP, ServingMap, stand_in_duties
+from proxy.addresses import floating
 from proxy.addresses.config import parse_mover_config
 from proxy.addresses.floating import FloatingAddresses
 from proxy.addresses.peers import PeerClients
@@ -180,6 +181,9 @@ class FakeMover:
     def release(self, address) -> None:
         self.calls.append(f"release {address.cidr}")
 
+    def announce(self, address) -> None:
+        self.calls.append(f"announce {address.cidr}")
+
 
 def test_shell_takes_own_and_a_down_nodes_address_and_gives_them_back_when_fenced():
     mover = FakeMover()
@@ -212,6 +216,35 @@ def test_shell_keeps_going_when_a_take_fails_and_retries_it_next_time():
 
     assert asyncio.run(run()) == {"p1", "p2", "p3"}
     assert mover.calls == ["take 198.18.0.11/24", "take 198.18.0.12/24", "take 198.18.0.13/24"]
+
+
+def test_a_taken_address_is_announced_again_while_held_and_not_once_given_back(monkeypatch):
+    # The take's own gratuitous ARPs can be ignored by the clients (a neighbour entry changed
+    # less than locktime ago keeps its MAC): the holder announces again later.
+    monkeypatch.setattr(floating, "ANNOUNCE_AGAIN_S", (0.01, 0.5))
+    mover = FakeMover()
+    shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
+                              confirm_s=0.5, mover=mover)  # type: ignore[arg-type]
+    both = fleet_map({1: "p1", 2: "p1", 3: "p1"}, vacant={"p2"})
+    own_only = fleet_map({1: "p1", 2: "p2", 3: "p1"})
+
+    async def until(count: int) -> None:
+        for _ in range(500):  # at most ~5 s
+            if len(mover.calls) >= count:
+                return
+            await asyncio.sleep(0.01)
+
+    async def run() -> None:
+        await shell.sync(both, draining=False)
+        await until(4)  # the first re-announcement of both (at 10 ms; the second is at 500 ms)
+        await shell.sync(own_only, draining=False)  # p2 is back: its address is given back
+        await until(6)
+        await asyncio.sleep(0.05)  # nothing more may come: p2's second announcement is off
+
+    asyncio.run(run())
+    assert mover.calls == ["take 198.18.0.11/24", "take 198.18.0.12/24",
+                           "announce 198.18.0.11/24", "announce 198.18.0.12/24",
+                           "release 198.18.0.12/24", "announce 198.18.0.11/24"]
 
 
 # -------------------------------------------------------------------------- config

@@ -98,6 +98,8 @@ class DataPath:
         # Address takeover (fleet only): listeners on the addresses of vacant nodes.
         self.takeover_enabled = fleet and config.fleet is not None and config.fleet.address_takeover
         self.floating = self._floating(config, node_id, fleet)
+        if self.floating is not None:
+            self.floating.before_release = self._vacate
         self.node_drain = NodeDrain(self.takeover_enabled)
         self.advertised = AdvertisedAddresses(self.node)
         self._owners: dict[int, str] = {}
@@ -185,6 +187,20 @@ class DataPath:
             self.registry.spawn(self._watch_certificates(security.listeners.reload_interval_s))
         log.info("proxy node serving", extra={"node": self.node.id, "bootstrap": self.bootstrap_address,
                                               "brokers": sorted(self.brokers)})
+
+    async def _vacate(self, node: str, host: str) -> None:
+        """Before giving ``node``'s address back (proxy.addresses.floating): stop standing in
+        there, then reset the clients connected to it here, so they reconnect to the address's
+        next holder instead of waiting on a connection this host can no longer answer on."""
+        assert self.floating is not None
+        await self.listeners.stand_in(floating_stand_ins(self.serving, self.node.id, self.listeners.bound,
+                                                         self.floating.held - {node}))
+        pairs = [p for p in self.registry.pairs
+                 if p.client is not None and (p.client.get_extra_info("sockname") or ("",))[0] == host]
+        for pair in pairs:
+            pair.abort("its address goes back to its node")
+        log.info("giving a floating address back: its clients here were reset",
+                 extra={"node": node, "address": host, "connections": len(pairs)})
 
     def watch_stalls(self) -> None:
         """With floating addresses: from now on a stall fences the node (call once it is up:

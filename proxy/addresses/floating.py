@@ -65,6 +65,9 @@ class FloatingAddresses:
         self.has_quorum: Callable[[], bool] = lambda: True  # the runtime's member view, when there is one
         self.peer_clients: PeerClients | None = None  # the runtime's poller, when there is one
         self.tickles_sent = 0
+        # Before another node's address is given back: stop listening there and reset the
+        # clients connected to it here (the data path's; see :meth:`sync`).
+        self.before_release: Callable[[str, str], Awaitable[None]] | None = None
         self._lock = asyncio.Lock()
 
     @property
@@ -80,6 +83,12 @@ class FloatingAddresses:
                                       draining=draining)
             for action in self.reconciler.plan(wanted, serving, (self.node_id, self.own_host)):
                 address = floating_address(self.config, action.node, action.host)
+                if isinstance(action, ReleaseAddress) and action.node != self.node_id \
+                        and self.before_release is not None:
+                    # While the address is still ours: once it is gone this host can send its
+                    # clients nothing (no RST, no answer), and a client waiting for a response
+                    # would wait out its request timeout (seen: 10-60 s stalls after heals).
+                    await self.before_release(action.node, action.host)
                 step = self.mover.take if isinstance(action, TakeAddress) else self.mover.release
                 started = self.clock()
                 try:

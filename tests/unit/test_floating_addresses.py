@@ -247,6 +247,31 @@ def test_a_taken_address_is_announced_again_while_held_and_not_once_given_back(m
                            "release 198.18.0.12/24", "announce 198.18.0.11/24"]
 
 
+def test_before_another_nodes_address_is_given_back_its_clients_here_are_vacated_first():
+    # Once the address is gone this host can send its clients nothing: they would wait out
+    # their request timeout. The data path resets them while the address is still held.
+    mover = FakeMover()
+    now = [0.0]
+    shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
+                              confirm_s=0.5, mover=mover, clock=lambda: now[0])  # type: ignore[arg-type]
+
+    async def vacate(node: str, host: str) -> None:
+        mover.calls.append(f"vacate {node} {host}")
+
+    shell.before_release = vacate
+
+    async def run() -> None:
+        await shell.sync(fleet_map({1: "p1", 2: "p1", 3: "p1"}, vacant={"p2"}), draining=False)
+        await shell.sync(fleet_map({1: "p1", 2: "p2", 3: "p1"}), draining=False)  # p2 is back
+        now[0] = 2.0
+        assert shell.fence.tick(now[0], 5) is True  # a stall: its own address goes too, no vacate
+        await shell.sync(fleet_map({1: "p1", 2: "p2", 3: "p1"}), draining=False)
+
+    asyncio.run(run())
+    assert mover.calls == ["take 198.18.0.11/24", "take 198.18.0.12/24",
+                           "vacate p2 198.18.0.12", "release 198.18.0.12/24", "release 198.18.0.11/24"]
+
+
 # -------------------------------------------------------------------------- config
 def raw_config(addresses: dict | None, floating: list[str | None]) -> dict:
     nodes = [{"id": f"p{i + 1}", "host": f"198.18.0.11{i + 1}", "bootstrap_port": 9092, "workers": 1,

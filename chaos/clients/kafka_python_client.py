@@ -8,7 +8,7 @@ import time
 from chaos.clients.batch import Ack, Consumed, values
 from chaos.clients.paced import ConsumerTrace, Pacer, ProducerTrace, Stop, commit_with_retry, is_instance, record_value, wire_key
 from chaos.testbed.security import ClientSecurity, client_settings
-from chaos.clients.settings import FLUSH_TIMEOUT_S, POLL_TIMEOUT_S, SETTINGS, TOPIC_WAIT_S
+from chaos.clients.settings import FLUSH_TIMEOUT_S, POLL_TIMEOUT_S, RETRY_BACKOFF_MS, SETTINGS, TOPIC_WAIT_S
 
 
 # ------------------------------------------------------------------ batch
@@ -124,7 +124,17 @@ def consume_paced(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> None:
             time.sleep(0.1)
         consumer.subscribe([a.topic])
         while not stop.requested():
-            batch = consumer.poll(timeout_ms=int(POLL_TIMEOUT_S * 1000))
+            try:
+                batch = consumer.poll(timeout_ms=int(POLL_TIMEOUT_S * 1000))
+            except errors.KafkaError as exc:
+                # kafka-python 3 can raise a retriable error out of poll() (seen: "socket
+                # disconnected" from its coordinator lookup while a broker was killed); an
+                # application polls again, so does the workload.
+                if not exc.retriable:
+                    raise
+                t.error(f"poll: {type(exc).__name__}: {exc}")
+                time.sleep(RETRY_BACKOFF_MS / 1000)  # retry backoff (a rate, not a condition)
+                continue
             offsets = {}
             for tp, records in batch.items():
                 for r in records:

@@ -385,8 +385,13 @@ async def broker_kill(ctx: FaultContext) -> None:
     step = ctx.mark_fault(f"broker-{broker}", ts)
     # Kafka's own fail-over: no proxy goes down and the assignment need not change, so only
     # the clients' recovery is awaited.
-    step["recovered"] = await ctx.wait_recovered(ts)
-    await ctx.call(kafka.restart, broker, ctx.restore_timeout_s, timeout_s=ctx.restore_timeout_s + 10)
+    try:
+        step["recovered"] = await ctx.wait_recovered(ts)
+    finally:
+        # Restarted even when the drill is cancelled (a workload died meanwhile): a broker
+        # left dead fails every drill after this one on the same cluster.
+        with trio.CancelScope(shield=True):
+            await ctx.call(kafka.restart, broker, ctx.restore_timeout_s, timeout_s=ctx.restore_timeout_s + 10)
     ctx.mark_back(step)
     await ctx.wait_healthy()
 

@@ -222,6 +222,10 @@ class Member:
     def is_leader(self) -> bool:
         return self._core.view.role == "leader"
 
+    def live(self) -> frozenset[str]:
+        """The members this node itself hears now (what membership changes are checked against)."""
+        return frozenset(self._core.live)
+
     def committed_state(self) -> FleetState:
         return self._core.state
 

@@ -138,8 +138,12 @@ class DataPath:
         f = config.fleet
         stall_s = f.dead_after_s if f is not None else 1.0
         confirm_s = f.raft_max_timeout_s if f is not None else 0.0
-        return FloatingAddresses(config.addresses, node_id, self.node.host, fleet=fleet and f is not None,
-                                 stall_s=stall_s, confirm_s=confirm_s)
+        floating = FloatingAddresses(config.addresses, node_id, self.node.host, fleet=fleet and f is not None,
+                                     stall_s=stall_s, confirm_s=confirm_s)
+        warning = floating.mover.host_warning()
+        if warning is not None:
+            log.warning("floating addresses: %s", warning, extra={"node": node_id})
+        return floating
 
     def _setup_tls(self, config: Config) -> None:
         """The TLS contexts of ``[security]`` (proxy.tls), or none: plaintext both ways."""

@@ -231,9 +231,18 @@ class Fence:
         gap, self._last_tick = now - self._last_tick, now
         return self._fence(now, epoch) if gap >= self.stall_s else False
 
-    def map_seen(self, now: float, degraded: bool, epoch: int) -> bool:
-        """A new map is in effect; True when it fenced the node (quorum back after a degraded spell)."""
-        was, self._degraded = self._degraded, degraded
+    def map_seen(self, now: float, degraded: bool, epoch: int, isolated: bool = False) -> bool:
+        """A new map is in effect; True when it fenced the node: quorum back after a degraded
+        spell, or ``isolated`` (every peer fell silent at once: this host is the one cut off,
+        and its peers, which stopped hearing it as it stopped hearing them, are taking its
+        address now). An isolated host gives its own address up at once: held until the heal,
+        its kernel would announce it (ARP for the clients it still has packets for, sent from
+        that address) as the link comes back, pointing the clients' caches at a host that is
+        about to learn it is down and drop the address; they would send into the void until
+        their entries fail (~10 s, seen after every two-way heal on emulated hosts)."""
+        was, self._degraded = self._degraded, degraded or isolated
+        if isolated:
+            return self._fence(now, epoch)
         return self._fence(now, epoch) if was and not degraded else False
 
     def may_unfence(self, now: float, has_quorum: bool, epoch: int) -> bool:

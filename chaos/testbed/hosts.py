@@ -45,6 +45,7 @@ from typing import Any
 import attrs
 
 from proxy.addresses.config import TEST_RANGE
+from proxy.addresses.plan import ARP_ANNOUNCE_PRIMARY
 
 SUBNET = TEST_RANGE  # the netns address mover takes addresses of this range only
 BRIDGE_HOST = 1
@@ -120,8 +121,9 @@ class HostPlan:
                      ["ip", "link", "set", h.veth, "up"],
                      ["ip", "-n", h.namespace, "addr", "add", f"{h.address}/{plen}", "dev", INNER_LINK],
                      ["ip", "-n", h.namespace, "link", "set", INNER_LINK, "up"]]
-            if h.floating:
-                cmds.append(["ip", "netns", "exec", h.namespace, "sysctl", "-qw", "net.ipv4.ip_nonlocal_bind=1"])
+            if h.floating:  # a node's host: what README's "Floating addresses" asks of a real one
+                cmds.append(["ip", "netns", "exec", h.namespace, "sysctl", "-qw", "net.ipv4.ip_nonlocal_bind=1",
+                             f"net.ipv4.conf.all.arp_announce={ARP_ANNOUNCE_PRIMARY}"])
         return cmds
 
     def teardown_commands(self) -> list[list[str]]:

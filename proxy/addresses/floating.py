@@ -164,17 +164,15 @@ class FloatingAddresses:
                 await resync()
 
     def map_seen(self, serving: ServingMap) -> bool:
-        """A new map: True when it fences the node (quorum back after a degraded spell, or peers
-        heard again after an isolated one).
+        """A new map: True when it fences the node (isolated, or quorum back after a degraded spell).
 
-        Isolated (membership.liveness: this host heard no peer, all fell silent at once) counts
-        as degraded here: such a host was most likely cut off one way and declared down while it
-        kept its own address (a survivor announced it meanwhile, so the clients' ARP caches name
-        the survivor). Fenced, it gives the address back and takes it again, announcing it,
-        once the committed map says it is up; kept, it would never be announced again and its
-        clients would wait for their ARP entries to expire."""
-        if self.fence.map_seen(self.clock(), serving.degraded or serving.isolated, serving.epoch):
-            log.warning("quorum back after a degraded or isolated spell: fencing", extra={"node": self.node_id})
+        Isolated (membership.liveness: this host hears no peer, all fell silent at once): the
+        host is most likely the one cut off, and its peers are declaring it down and taking its
+        address. It gives every address up at once (Fence.map_seen says why not at the heal) and
+        takes its own again, announcing it, once the committed map says it is up."""
+        if self.fence.map_seen(self.clock(), serving.degraded, serving.epoch, isolated=serving.isolated):
+            log.warning("isolated, or quorum back after a degraded spell: fencing",
+                        extra={"node": self.node_id, "isolated": serving.isolated})
             return True
         return False
 

@@ -20,7 +20,8 @@ import attrs
 
 from proxy.addresses.config import NETNS, LINUX, NONE, MoverConfig
 from proxy.addresses.plan import (FloatingAddress, LinkAddress, RunCommand, SendArp, Step, check_owned,
-                                  announce_steps, gratuitous_arp_frame, parse_mac, release_steps, take_steps)
+                                  announce_steps, arp_announce_warning, gratuitous_arp_frame, parse_mac,
+                                  release_steps, take_steps)
 
 log = logging.getLogger("kproxy.addresses")
 
@@ -62,6 +63,13 @@ def send_frame(interface: str, frame: bytes) -> None:
         s.send(frame)
 
 
+def read_arp_announce(interface: str) -> tuple[int, int]:
+    """``net.ipv4.conf.all.arp_announce`` and the interface's (this network namespace's)."""
+    base = Path("/proc/sys/net/ipv4/conf")
+    return (int((base / "all" / "arp_announce").read_text()),
+            int((base / interface / "arp_announce").read_text()))
+
+
 @attrs.define
 class AddressMover:
     config: MoverConfig
@@ -69,6 +77,7 @@ class AddressMover:
     link_addresses: Callable[[str], list[LinkAddress]] = read_link_addresses
     mac_of: Callable[[str], bytes] = read_mac
     send: Callable[[str, bytes], None] = send_frame
+    arp_announce: Callable[[str], tuple[int, int]] = read_arp_announce
 
     @property
     def kind(self) -> str:
@@ -94,6 +103,16 @@ class AddressMover:
         if self.config.kind != NONE:
             log.info("released a floating address", extra={"address": address.cidr, "node": address.node,
                                                             "mover": self.config.kind})
+
+    def host_warning(self) -> str | None:
+        """What in this host's settings works against moving addresses (logged at start), or None."""
+        if self.config.kind not in (NETNS, LINUX) or self.config.interface is None:
+            return None
+        try:
+            all_value, if_value = self.arp_announce(self.config.interface)
+        except (OSError, ValueError) as exc:
+            return f"cannot read the arp_announce of {self.config.interface}: {exc}"
+        return arp_announce_warning(self.config, all_value, if_value)
 
     def _check(self, address: FloatingAddress) -> None:
         held = None

@@ -103,6 +103,27 @@ def check_owned(config: MoverConfig, address: FloatingAddress, held: Iterable[Li
             raise AddressRefused(f"{address.cidr}: the prefix differs from the link's network")
 
 
+# net.ipv4.conf.*.arp_announce = 2: the kernel's ARP requests name the interface's primary
+# address as their sender, never a floating one. At 0 (Linux's default) a host asks with the
+# source address of the packet that needs resolving: a host that still holds a floating
+# address while someone else took it over (a frozen node's kernel retransmitting to its
+# clients, a cut-off node at the heal) would point every client's ARP cache back at itself.
+ARP_ANNOUNCE_PRIMARY = 2
+
+
+def arp_announce_warning(config: MoverConfig, all_value: int, interface_value: int) -> str | None:
+    """Why this host's ARP settings let a floating address be pulled back, or None. The kernel
+    applies the higher of ``all`` and the interface's value."""
+    if config.kind not in (NETNS, LINUX) or config.interface is None:
+        return None
+    value = max(all_value, interface_value)
+    if value >= ARP_ANNOUNCE_PRIMARY:
+        return None
+    return (f"net.ipv4.conf.{config.interface}.arp_announce is {value}: set it to {ARP_ANNOUNCE_PRIMARY} "
+            f"(sysctl -w net.ipv4.conf.{config.interface}.arp_announce={ARP_ANNOUNCE_PRIMARY}), or this "
+            "host's ARP requests may send the clients of a floating address it no longer serves back to it")
+
+
 def take_steps(config: MoverConfig, address: FloatingAddress) -> list[Step]:
     """Add ``address`` on this host and announce it."""
     if config.kind == NONE:

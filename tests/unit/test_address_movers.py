@@ -180,3 +180,23 @@ def test_a_failed_step_is_a_mover_error_and_a_release_of_a_gone_address_is_done(
     gone = FakeIo(held, codes={"ip del": 2})
     gone.mover({"mover": "netns"}).release(P1)
     assert gone.ran == [("ip", "addr", "del", "198.18.0.11/24", "dev", "eth0")]
+
+
+@pytest.mark.parametrize("all_value, if_value, warned", [(0, 0, True), (1, 0, True), (0, 2, False), (2, 0, False)])
+def test_a_host_whose_arp_requests_may_name_a_floating_address_is_warned_about(all_value, if_value, warned):
+    mover = AddressMover(parse_mover_config({"mover": "linux", "interface": "ens5", "networks": ["10.0.1.0/24"]}),
+                         arp_announce=lambda interface: (all_value, if_value))
+    warning = mover.host_warning()
+    assert (warning is not None) is warned
+    if warned:
+        assert "net.ipv4.conf.ens5.arp_announce" in warning and f"is {max(all_value, if_value)}" in warning
+
+
+def test_movers_without_a_link_of_their_own_have_no_arp_setting_to_check():
+    def unreadable(interface: str) -> tuple[int, int]:
+        raise OSError(f"no /proc/sys/net/ipv4/conf/{interface}")
+
+    for table in ({}, {"mover": "command", "command": ["/bin/true"], "networks": ["10.0.1.0/24"]}):
+        assert AddressMover(parse_mover_config(table), arp_announce=unreadable).host_warning() is None
+    netns = AddressMover(parse_mover_config({"mover": "netns"}), arp_announce=unreadable)
+    assert "cannot read the arp_announce of eth0" in (netns.host_warning() or "")

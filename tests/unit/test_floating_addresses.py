@@ -327,13 +327,18 @@ def test_the_degraded_map_names_the_nodes_out_of_reach_and_the_quorate_one_none(
     assert quorate.unreachable == frozenset()
 
 
-def test_a_node_that_hears_its_peers_again_after_isolation_fences_itself():
-    """One-way cut: the host kept its own address while a survivor announced it; hearing peers
-    again it gives the address back (to announce it anew once it is up), like after a degraded spell."""
+def test_an_isolated_node_gives_its_address_up_at_once_and_stays_fenced_until_it_knows_the_map():
+    """Cut off, the host gives its own address up while its peers take it (held until the heal,
+    its ARP traffic at link-up would point the clients at it just before it learns it is down);
+    hearing its peers again it stays fenced until the committed map is known."""
     shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
                               confirm_s=0.5, mover=FakeMover(), clock=lambda: 1.0)  # type: ignore[arg-type]
     m = fleet_map({1: "p1", 2: "p2", 3: "p3"})
     assert shell.map_seen(m) is False
-    assert shell.map_seen(attrs.evolve(m, isolated=True)) is False and not shell.fence.fenced
-    assert shell.map_seen(m) is True and shell.fence.fenced
+    isolated = attrs.evolve(m, isolated=True)
+    assert shell.map_seen(isolated) is True and shell.fence.fenced
+    assert wanted_addresses(isolated, "p1", fleet=True, fenced=shell.fence.fenced, draining=False) == frozenset()
+    assert shell.map_seen(isolated) is False and shell.fence.fenced  # fenced once: connections dropped once
+    assert shell.map_seen(m) is False and shell.fence.fenced  # peers heard again: still fenced
+    assert shell.fence.may_unfence(1.0, False, m.epoch) is False  # no quorum yet
     assert wanted_addresses(m, "p1", fleet=True, fenced=shell.fence.fenced, draining=False) == frozenset()

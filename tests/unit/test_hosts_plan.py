@@ -59,7 +59,8 @@ def test_setup_brings_up_lo_and_addresses_each_namespace_teardown_deletes_every_
     assert "ip link add kpabcde-p1 type veth peer name eth0 netns kpabcde-p1" in setup
     assert "ip -n kpabcde-p1 addr add 198.18.0.111/24 dev eth0" in setup
     # A node binds its floating address before it holds it (the address moves later).
-    assert "ip netns exec kpabcde-p1 sysctl -qw net.ipv4.ip_nonlocal_bind=1" in setup
+    assert ("ip netns exec kpabcde-p1 sysctl -qw net.ipv4.ip_nonlocal_bind=1 net.ipv4.conf.all.arp_announce=2"
+            in setup)
     assert "ip netns exec kpabcde-kafka sysctl -qw net.ipv4.ip_nonlocal_bind=1" not in setup
     assert "ip link set kpabcde-p1 master kpabcde-br" in setup
     teardown = [" ".join(c) for c in plan.teardown_commands()]

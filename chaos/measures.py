@@ -229,6 +229,44 @@ def rto_per_client(events: list[dict[str, Any]], windows: list[FaultWindow]) -> 
     return out
 
 
+@attrs.frozen
+class Silence:
+    """A client's longest interval without a success over a whole run, heals and the time
+    between faults included (what fault windows do not see: a stall after a heal)."""
+
+    run_id: str
+    client_id: str
+    family: str
+    start_ns: int
+    end_ns: int
+
+    @property
+    def ms(self) -> float:
+        return (self.end_ns - self.start_ns) / NS_PER_MS
+
+
+def longest_silences(events: list[dict[str, Any]]) -> list[Silence]:
+    """Per client of each run: the longest interval between two of its consecutive successes
+    (a client with fewer than two has none)."""
+    per_client: dict[tuple[str, str], list[int]] = defaultdict(list)
+    families: dict[tuple[str, str], str] = {}
+    for e in events:
+        if e["source"] == CLIENT and e["client_id"] is not None:
+            key = (e["run_id"], e["client_id"])
+            if e["family"] is not None:
+                families[key] = min(families.get(key, e["family"]), e["family"])
+            if e["event"] in SUCCESS_EVENTS:
+                per_client[key].append(e["ts_ns"])
+    out = []
+    for (run_id, client_id), ok in sorted(per_client.items()):
+        ok.sort()
+        if len(ok) < 2:
+            continue
+        a, b = max(zip(ok, ok[1:]), key=lambda pair: pair[1] - pair[0])
+        out.append(Silence(run_id, client_id, families.get((run_id, client_id), UNKNOWN), a, b))
+    return out
+
+
 def _max_gap_ns(first_ns: int, ok: list[int], w: FaultWindow) -> int:
     """The longest interval without a success that overlaps the window: between consecutive
     successes (the client's first event standing in for a success before its first one), the

@@ -128,6 +128,8 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         "security": fleet.security.value,
         "rto_ms": {f: {k: v[k] for k in ("p50", "p99", "max")} for f, v in kill["rto_ms"].items()},
         "max_gap_ms": kill.get("max_gap_ms"),
+        "longest_silence_ms": {f: {k: v[k] for k in ("p50", "p99", "max")}
+                               for f, v in (kill.get("longest_silence_ms") or {}).items()},
         "detect_ms": fleet_kill["detect_ms"],
         "commit_ms": fleet_kill["commit_ms"],
         "failover_ms": fleet_kill["failover_ms"],

@@ -43,6 +43,20 @@ def _per_family(rto: list[m.ClientRto]) -> dict[str, Any]:
     }
 
 
+def _silences(silences: list[m.Silence]) -> dict[str, Any]:
+    """{family: {p50, p99, max, clients, longest}} of the clients' longest silences over the
+    whole run; ``longest`` names the client and when (to find it in the trace)."""
+    by_family: dict[str, list[m.Silence]] = defaultdict(list)
+    for s in silences:
+        by_family[s.family].append(s)
+    out: dict[str, Any] = {}
+    for family, ss in sorted(by_family.items()):
+        top = max(ss, key=lambda s: s.ms)
+        out[family] = {**m.stats_ms([s.ms for s in ss]), "clients": len(ss),
+                       "longest": {"client_id": top.client_id, "start_ns": top.start_ns, "end_ns": top.end_ns}}
+    return out
+
+
 def _record_fields(events: list[dict[str, Any]]) -> dict[str, Any]:
     records = m.record_outcomes(events)
     counts: dict[str, int] = defaultdict(int)
@@ -83,6 +97,7 @@ def summarize_events(events: list[dict[str, Any]], *, fault: str | None = None, 
         "rto_ms": per_family["rto_ms"],
         "rto_ms_by_fault": m.rto_stats(rto),
         "max_gap_ms": per_family["max_gap_ms"],
+        "longest_silence_ms": _silences(m.longest_silences(events)),
         **records,
         "faults": [_failover_row(f) for f in fo],
         "detect_ms": m.stats_ms([f.detect_ms for f in fo if f.detect_ms is not None]),

@@ -270,3 +270,23 @@ def test_family_outcomes_attribute_lost_to_the_producer_and_duplicated_to_the_re
     ]
     clean = family_outcomes(small_drill(clean=True).events)
     assert [(r.family, r.lost, r.duplicated) for r in clean] == [("aiokafka", 0, 0), ("java", 0, 0)]
+
+
+def test_longest_silence_covers_the_whole_run_not_only_the_fault_windows():
+    """A stall after the heal (outside every fault window) is what this measure is for."""
+    events = [
+        fleet(1000, "drill_start", fault="partition"), fleet(2000, "fault", fault="partition", node="p2"),
+        fleet(3000, "drill_end", fault="partition"),
+        # ap: acks at 500, 1900, 2300, then silent until 14300 (12,000 ms after the drill's end)
+        ack(500, "ap", "aiokafka", "1.0"), ack(1900, "ap", "aiokafka", "1.1"), ack(2300, "ap", "aiokafka", "1.2"),
+        ack(14300, "ap", "aiokafka", "1.3"),
+        # jp: 1000 -> 2600 is its longest (1,600 ms); the error is no success
+        ack(1000, "jp", "java", "3.0"), error(1500, "jp", "java"), ack(2600, "jp", "java", "3.1"),
+        ack(3000, "jp", "java", "3.2"),
+        ack(900, "kp", "kafka-python", "5.0"),  # one success: no interval
+    ]
+    silences = {s.client_id: s.ms for s in measures.longest_silences(events)}
+    assert silences == {"ap": 12_000.0, "jp": 1_600.0}
+    out = summary.summarize_events(events)["longest_silence_ms"]
+    assert out["aiokafka"]["max"] == 12_000.0 and out["aiokafka"]["longest"]["start_ns"] == 2300 * MS
+    assert out["java"]["max"] == 1_600.0 and "kafka-python" not in out

@@ -198,6 +198,7 @@ class MemberCore:
         self.roster: tuple[MemberSpec, ...] = tuple(config.members)
         self.live: frozenset[ProxyId] = frozenset([self.node_id])
         self.isolated = False
+        self.hearing: frozenset[ProxyId] = frozenset()
         self._planner = Planner(config.rebalance_delay, broker_grace=config.broker_grace)
         self._tokens = itertools.count(1)
         self._started_at = now
@@ -262,12 +263,15 @@ class MemberCore:
     # ---- the tick ----------------------------------------------------------------------------
 
     def tick(self, now: float, live: frozenset[ProxyId], heard_all: bool, raft: RaftView,
-             isolated: bool = False) -> list[Action]:
+             isolated: bool = False, hearing: frozenset[ProxyId] | None = None) -> list[Action]:
         """``live``: this node and every peer that is live both ways (membership.liveness);
         ``heard_all``: every peer has been in two-way contact once since this process started;
         ``isolated``: this node hears no peer and they all fell silent at once (it is
-        more likely the one cut off: its map then claims no peer's address)."""
+        more likely the one cut off: its map then claims no peer's address); ``hearing``: the
+        peers this node hears, whether or not they hear it (default: ``live``); in degraded
+        mode only the silent ones count as unreachable (membership.effective)."""
         out: list[Action] = []
+        self.hearing = live if hearing is None else hearing
         if isolated != self.isolated:
             self.isolated = isolated
             out.append(_emit(now, "isolated" if isolated else "not_isolated"))
@@ -416,7 +420,7 @@ class MemberCore:
         self, state: FleetState, live: frozenset[ProxyId], degraded: bool, now: float, out: list[Action]
     ) -> None:
         local = self.local_brokers or ()
-        key = (state, live, degraded, local, self.isolated)
+        key = (state, live, degraded, local, self.isolated, self.hearing if degraded else None)
         if key == self._map_key:
             return
         self._map_key = key
@@ -434,6 +438,7 @@ class MemberCore:
             version=prev.version + 1,
             changed_at=now,
             isolated=self.isolated,
+            hearing=self.hearing | {self.node_id},
         )
         if new.same_table(prev):
             return

@@ -78,6 +78,7 @@ def build_serving_map(
     version: int = 0,
     changed_at: float = 0.0,
     isolated: bool = False,
+    hearing: Iterable[ProxyId] | None = None,
 ) -> ServingMap:
     """This node's :class:`ServingMap` (see the module doc for the owners).
 
@@ -87,6 +88,10 @@ def build_serving_map(
     vacant set of its last map that was not degraded (:class:`MemberCore` does).
     A draining node stands in for nobody. An ``isolated`` node (membership.liveness) lists no
     peer as unreachable: it is the one cut off, and must not claim its peers' addresses.
+    Otherwise, degraded, a node lists as unreachable (to claim their addresses) only the peers
+    it does not hear at all (``hearing``, default ``reachable``): a peer it hears that does not
+    hear it yet is one whose link just came back, or one it cannot reach while the clients
+    can (a broken send path): claiming its address would take it from a host that serves.
     """
     nodes = dict(configured)
     nodes.update(state.member_map())
@@ -111,8 +116,8 @@ def build_serving_map(
         draining=state.draining,
         stand_ins=stand_in_duties(owners, nodes.values(), gone, idle=state.draining),
         degraded=degraded,
-        unreachable=(frozenset(nodes) - frozenset(reachable) - {self_id} if degraded and not isolated
-                     else frozenset()),
+        unreachable=(frozenset(nodes) - frozenset(reachable if hearing is None else hearing) - {self_id}
+                     if degraded and not isolated else frozenset()),
         isolated=isolated,
         version=version,
         changed_at=changed_at,

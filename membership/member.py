@@ -435,7 +435,8 @@ class Member:
         leader = self.node_id if role == "leader" else self._addr_to_id.get(raft.leader_address())
         view = RaftView(role, leader, raft.raftCurrentTerm, raft.state)
         heard_all = all(hb.has_heard(p) for p in hb.peers)
-        self._execute(raft, self._core.tick(now, hb.live(now), heard_all, view, isolated=hb.isolated(now)))
+        self._execute(raft, self._core.tick(now, hb.live(now), heard_all, view, isolated=hb.isolated(now),
+                                            hearing=hb.view.hearing(now)))
 
     def _execute(self, raft: RaftReplica, actions: list[control.Action]) -> None:
         for action in actions:

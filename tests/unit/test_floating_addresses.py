@@ -19,7 +19,7 @@ from proxy.addresses.floating import FloatingAddresses
 from proxy.addresses.peers import PeerClients
 from proxy.addresses.tickle import TCP_ACK, ClientPair, checksum, pseudo_header, tickle_segment
 from proxy.config import ConfigError, parse
-from proxy.takeover import (AddressReconciler, Fence, ReleaseAddress, TakeAddress, address_holder,
+from proxy.takeover import (AddressReconciler, Fence, ReleaseAddress, TakeAddress, address_holder, down_nodes,
                             floating_stand_ins, wanted_addresses)
 from topology import PortScheme, ProxyNode
 
@@ -325,6 +325,12 @@ def test_the_degraded_map_names_the_nodes_out_of_reach_and_the_quorate_one_none(
     assert degraded.unreachable == {"p2", "p3"}
     quorate = build_serving_map(FleetState(), self_id="p1", configured=nodes, reachable={"p1"}, degraded=False)
     assert quorate.unreachable == frozenset()
+    # p2 is heard but does not hear p1 yet (its link just came back, or p1's send path is
+    # broken): not live, yet not unreachable: p1 must not claim p2's address
+    healing = build_serving_map(FleetState(), self_id="p1", configured=nodes, reachable={"p1"},
+                                hearing={"p1", "p2"}, degraded=True)
+    assert healing.unreachable == {"p3"}
+    assert down_nodes(healing) == {"p3"}
 
 
 def test_an_isolated_node_gives_its_address_up_at_once_and_stays_fenced_until_it_knows_the_map():

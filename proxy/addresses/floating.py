@@ -69,6 +69,7 @@ class FloatingAddresses:
         # clients connected to it here (the data path's; see :meth:`sync`).
         self.before_release: Callable[[str, str], Awaitable[None]] | None = None
         self._lock = asyncio.Lock()
+        self._unreachable: frozenset[str] = frozenset()  # of the last map seen
 
     @property
     def held(self) -> frozenset[str]:
@@ -109,11 +110,12 @@ class FloatingAddresses:
                     loop.create_task(self._tickle(action))
             return self.held
 
-    async def _announce_again(self, action: TakeAddress, address: FloatingAddress) -> None:
-        """Announce a taken address again at ``ANNOUNCE_AGAIN_S`` while this host holds it."""
+    async def _announce_again(self, action: TakeAddress, address: FloatingAddress,
+                              at_times: tuple[float, ...] = ANNOUNCE_AGAIN_S) -> None:
+        """Announce a held address again at ``at_times`` (seconds from now) while this host holds it."""
         loop = asyncio.get_running_loop()
         waited = 0.0
-        for at in ANNOUNCE_AGAIN_S:
+        for at in at_times:
             await asyncio.sleep(at - waited)
             waited = at
             async with self._lock:  # not while a sync takes or releases it
@@ -170,11 +172,34 @@ class FloatingAddresses:
         host is most likely the one cut off, and its peers are declaring it down and taking its
         address. It gives every address up at once (Fence.map_seen says why not at the heal) and
         takes its own again, announcing it, once the committed map says it is up."""
+        regained, self._unreachable = self._unreachable - serving.unreachable, serving.unreachable
         if self.fence.map_seen(self.clock(), serving.degraded, serving.epoch, isolated=serving.isolated):
             log.warning("isolated, or quorum back after a degraded spell: fencing",
                         extra={"node": self.node_id, "isolated": serving.isolated})
             return True
+        if regained:
+            self._announce_own(regained)
         return False
+
+    def _announce_own(self, regained: frozenset[str]) -> None:
+        """Peers this node could not reach are back: announce its own address (if it holds it
+        and is not fenced) now and at ``ANNOUNCE_AGAIN_S``. Without quorum each side of a cut
+        may claim the other's address; the peer that announced this node's gives it back as
+        soon as it hears this node again, and this node, which kept its address, is the one to
+        point the clients back at itself: else their ARP caches name the peer's host until the
+        entries fail (~10 s)."""
+        own = self.reconciler.held.get(self.node_id)
+        if own is None or self.fence.fenced:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop: nothing announces (unit tests of the pure parts)
+        log.info("peers back in reach: announcing this node's address again",
+                 extra={"node": self.node_id, "peers": sorted(regained)})
+        loop.create_task(self._announce_again(TakeAddress(self.node_id, own),
+                                              floating_address(self.config, self.node_id, own),
+                                              (0.0, *ANNOUNCE_AGAIN_S)))
 
     async def release_all(self) -> None:
         """Give back the addresses of other nodes (stopping); the node's own stays: its kernel

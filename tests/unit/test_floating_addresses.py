@@ -348,3 +348,45 @@ def test_an_isolated_node_gives_its_address_up_at_once_and_stays_fenced_until_it
     assert shell.map_seen(m) is False and shell.fence.fenced  # peers heard again: still fenced
     assert shell.fence.may_unfence(1.0, False, m.epoch) is False  # no quorum yet
     assert wanted_addresses(m, "p1", fleet=True, fenced=shell.fence.fenced, draining=False) == frozenset()
+
+
+def test_peers_back_in_reach_make_a_node_announce_its_own_address_again():
+    """Two of three cut one after the other: the last node claimed this node's address without
+    quorum and gives it back once it hears this node; this node, which kept its address, points
+    the clients back at itself (at once, then at ANNOUNCE_AGAIN_S)."""
+    mover = FakeMover()
+    shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
+                              confirm_s=0.5, mover=mover, clock=lambda: 1.0)  # type: ignore[arg-type]
+    m = fleet_map({1: "p1", 2: "p2", 3: "p3"})
+    cut = attrs.evolve(m, degraded=True, unreachable=frozenset({"p2", "p3"}))
+    healing = attrs.evolve(cut, unreachable=frozenset({"p3"}))  # p2 heard again, still no quorum
+
+    async def run() -> list[str]:
+        assert await shell.sync(m, draining=False) == {"p1"}
+        assert shell.map_seen(cut) is False
+        await asyncio.sleep(0.05)
+        assert "announce 198.18.0.11/24" not in mover.calls  # nobody came back yet
+        assert shell.map_seen(healing) is False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while "announce 198.18.0.11/24" not in mover.calls and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        return list(mover.calls)
+
+    assert asyncio.run(run()) == ["take 198.18.0.11/24", "announce 198.18.0.11/24"]
+
+
+def test_a_fenced_node_does_not_announce_when_peers_come_back():
+    mover = FakeMover()
+    shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
+                              confirm_s=0.5, mover=mover, clock=lambda: 1.0)  # type: ignore[arg-type]
+    m = fleet_map({1: "p1", 2: "p2", 3: "p3"})
+
+    async def run() -> None:
+        await shell.sync(m, draining=False)
+        shell.map_seen(attrs.evolve(m, degraded=True, unreachable=frozenset({"p2", "p3"})))
+        assert shell.map_seen(m) is True  # quorum back: fenced, its address taken again later
+        await asyncio.sleep(0.1)
+
+    asyncio.run(run())
+    assert mover.calls == ["take 198.18.0.11/24"]

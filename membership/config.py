@@ -123,10 +123,6 @@ class MemberConfig:
     # wake-up on two nodes: most of an idle fleet's CPU when it was every 86 ms). Commands
     # and commits are sent at once whatever this is.
     append_entries_period: float = 0.75
-    # pysyncobj's own election timeout (randomised up to 1.5 times it): a backstop that
-    # fires only if neither append_entries nor the leader's beat arrive for that long.
-    raft_backstop_timeout: float = attrs.field(
-        default=attrs.Factory(lambda self: round(4 * self.append_entries_period, 4), takes_self=True))
     # The longest idle wait of the tick thread: it also wakes on socket events and
     # when a timer is due (Raft's, the heartbeat's), membership.raft.cap_poll_wait.
     autotick_period: float = 0.25
@@ -140,6 +136,10 @@ class MemberConfig:
     # probes it, membership.heartbeat); the beat only times out frozen or cut-off nodes.
     heartbeat_interval: float = 0.25
     suspect_timeout: float = 1.0
+    # pysyncobj's own election timeout (randomised up to 1.5 times it): a backstop that
+    # fires only if neither append_entries nor the leader's beat arrive for that long.
+    raft_backstop_timeout: float = attrs.field(default=attrs.Factory(lambda self: round(max(
+        4 * self.append_entries_period, self.raft_max_timeout + 2 * self.heartbeat_interval), 4), takes_self=True))
     rebalance_delay: float = 1.0
     # A leader removes a broker from the committed set only after reporting brokers this long
     # (the data path's own grace period, upstream.release_after_s: membership.planner).

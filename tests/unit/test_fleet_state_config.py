@@ -164,11 +164,12 @@ def test_syncobj_conf_is_what_the_design_asks_of_pysyncobj():
 
 def test_an_idle_leader_sends_append_entries_rarely_and_the_backstop_follows():
     """The leader's beat holds elections off, so an idle leader's append_entries are 0.75 s
-    apart and pysyncobj's own election timeout is 4 of them; while a peer from before the
+    apart and pysyncobj's own election timeout is 4 of them (at least two beats after the last
+    follower's election); while a peer from before the
     leader's beat is in the fleet, the leader sends them as often as that peer's election
     timeout (raft_min_timeout) needs: under a third of it."""
     config = make()
     assert (config.append_entries_period, config.raft_backstop_timeout) == (0.75, 3.0)
     assert config.legacy_append_entries_period == pytest.approx(0.3 / 3.5, abs=1e-4)
-    fast = make(append_entries_period=0.25)
-    assert (fast.raft_backstop_timeout, fast.leader_fallback_timeout) == (1.0, 1.0)
+    fast = make(append_entries_period=0.25)  # the backstop stays behind the beat's last election (0.6 + 2 beats)
+    assert (fast.raft_backstop_timeout, fast.leader_fallback_timeout) == (1.1, 1.0)

@@ -117,7 +117,7 @@ def syncobj_conf(config: MemberConfig) -> SyncObjConf:
 # CLOCK_MONOTONIC_RAW) in ``SyncObj.__raftElectionDeadline``, name-mangled, and has no
 # accessor: the tick thread starts an election once it is past (and a peer is connected),
 # and pysyncobj moves it on every append_entries and vote. Every read and write of it goes
-# through election_deadline(); tests/unit/test_raft_internals.py fails if pysyncobj renames it.
+# through election_deadline(); tests/unit/test_leader_beat.py fails if pysyncobj renames it.
 ELECTION_DEADLINE = "_SyncObj__raftElectionDeadline"
 
 

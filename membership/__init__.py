@@ -34,16 +34,20 @@ proxy_id`` with an epoch that grows by one on every accepted change.
   refused when the nodes alive now could not commit in the new configuration);
   the committed ``FleetState.roster`` is the members every node follows
   (heartbeat peers, quorum count), pysyncobj's dynamic membership the Raft side.
+* ``election`` — when a follower starts a Raft election: the leader's UDP beat
+  (its term and a leader flag in each datagram) holds elections off, so an idle
+  leader sends append_entries rarely and pysyncobj's own timer is a backstop; a
+  leader whose beat is overdue or who is declared dead is replaced at once.
 * ``control.MemberCore`` — one member's decisions, sans-IO: join and plan
-  gating, suspicion, the quorum lease, election hastening, the serving map.
+  gating, suspicion, the quorum lease, elections (``election``), the serving map.
 * ``raft`` — the thin ``SyncObj`` subclass (one ``@replicated`` method per
   command) and the tuned pysyncobj configuration.
 * ``member.Member`` — the interface the data path uses, a thin shell that
   executes ``MemberCore``'s actions; ``status.MemberStatus`` its typed status;
   ``standalone`` runs one member driven by JSON lines.
 
-The pure modules (state, commands, formats, planner, roster, effective, serving, control,
-status, sim) import neither pysyncobj nor sockets; ``sim`` is the seeded
+The pure modules (state, commands, formats, planner, roster, effective, serving, election,
+control, status, sim) import neither pysyncobj nor sockets; ``sim`` is the seeded
 fleet simulator (``python -m membership.sim --seed N``) that runs them under
 faults.
 """

@@ -3,15 +3,23 @@
 Defaults are tuned for a LAN/loopback fleet (DESIGN §9): a dead process is
 seen within milliseconds (its Raft connections reset, then its heartbeat port
 refuses a probe; at the latest at the next beat, 0.25 s), a frozen or partitioned one after
-``suspect_timeout`` (1.0 s), a lost leader is replaced after 0.3–0.6 s.
+``suspect_timeout`` (1.0 s). Elections run on the leader's UDP beat
+(membership.election): a dead leader is replaced at once, a silent one when
+its beat is ``raft_min_timeout`` (0.3 s) overdue, the last follower asking at
+``raft_max_timeout`` overdue; pysyncobj's own election timer is a backstop
+(``raft_backstop_timeout``) and an idle leader sends append_entries only every
+``append_entries_period`` (0.75 s).
 
 Relationships enforced (each error names the field):
 
 * ``password`` is required: pysyncobj sends pickles, so anyone who can reach
   an unauthenticated Raft port can run code in the proxy.
-* ``raft_min_timeout > 3 * append_entries_period`` and
-  ``raft_max_timeout > raft_min_timeout`` (pysyncobj's own rules).
-* ``connection_timeout >= raft_max_timeout`` (pysyncobj) and
+* ``raft_max_timeout > raft_min_timeout >= heartbeat_interval`` (one lost
+  beat never starts an election).
+* ``raft_backstop_timeout > 3 * append_entries_period`` (pysyncobj's rule for
+  its election timeout) and ``> raft_max_timeout + heartbeat_interval`` (the
+  beat decides first).
+* ``connection_timeout >= raft_max_timeout`` and
   ``leader_fallback_timeout > 2 * append_entries_period``.
 * ``heartbeat_interval >= autotick_period`` and
   ``suspect_timeout >= 3 * heartbeat_interval`` (two lost datagrams never
@@ -107,26 +115,31 @@ class MemberConfig:
     node_id: ProxyId
     members: tuple[MemberSpec, ...] = attrs.field(converter=_members)
     password: str | None = None
-    # Raft (pysyncobj)
+    # Elections (membership.election): a follower asks for votes when the leader's beat
+    # is raft_min_timeout overdue, the last one raft_max_timeout overdue.
     raft_min_timeout: float = 0.3
     raft_max_timeout: float = 0.6
-    # The leader's Raft heartbeat, by default raft_min_timeout / 3.5: under a third of
-    # it (pysyncobj's rule), no shorter (each one is an encrypted message and a
-    # wake-up on every node: most of an idle node's CPU). Longer election timeouts
-    # make an idle fleet cheaper.
-    append_entries_period: float = attrs.field(
-        default=attrs.Factory(lambda self: round(self.raft_min_timeout / 3.5, 4), takes_self=True))
+    # An idle leader's append_entries (each is an encrypted message, an answer and a
+    # wake-up on two nodes: most of an idle fleet's CPU when it was every 86 ms). Commands
+    # and commits are sent at once whatever this is.
+    append_entries_period: float = 0.75
     # The longest idle wait of the tick thread: it also wakes on socket events and
     # when a timer is due (Raft's, the heartbeat's), membership.raft.cap_poll_wait.
     autotick_period: float = 0.25
     connection_timeout: float = 1.0
     connection_retry_time: float = 0.25
-    leader_fallback_timeout: float = 1.0
+    # A leader steps down when no majority answered its append_entries for this long.
+    leader_fallback_timeout: float = attrs.field(
+        default=attrs.Factory(lambda self: round(max(1.0, 3 * self.append_entries_period), 4), takes_self=True))
     # Failure detection and reassignment
     # A dead process is seen at once (its Raft connections reset and the heartbeat
     # probes it, membership.heartbeat); the beat only times out frozen or cut-off nodes.
     heartbeat_interval: float = 0.25
     suspect_timeout: float = 1.0
+    # pysyncobj's own election timeout (randomised up to 1.5 times it): a backstop that
+    # fires only if neither append_entries nor the leader's beat arrive for that long.
+    raft_backstop_timeout: float = attrs.field(default=attrs.Factory(lambda self: round(max(
+        4 * self.append_entries_period, self.raft_max_timeout + 2 * self.heartbeat_interval), 4), takes_self=True))
     rebalance_delay: float = 1.0
     # A leader removes a broker from the committed set only after reporting brokers this long
     # (the data path's own grace period, upstream.release_after_s: membership.planner).
@@ -150,6 +163,7 @@ class MemberConfig:
             "raft_min_timeout",
             "raft_max_timeout",
             "append_entries_period",
+            "raft_backstop_timeout",
             "autotick_period",
             "connection_timeout",
             "connection_retry_time",
@@ -172,11 +186,25 @@ class MemberConfig:
                 raise ConfigError(field, message)
 
         aep = self.append_entries_period
-        need(self.raft_min_timeout > 3 * aep, "raft_min_timeout", f"must be > 3 * append_entries_period ({3 * aep})")
         need(
             self.raft_max_timeout > self.raft_min_timeout,
             "raft_max_timeout",
             f"must be > raft_min_timeout ({self.raft_min_timeout})",
+        )
+        need(
+            self.raft_min_timeout >= self.heartbeat_interval,
+            "raft_min_timeout",
+            f"must be >= heartbeat_interval ({self.heartbeat_interval}): one lost beat must not start an election",
+        )
+        need(
+            self.raft_backstop_timeout > 3 * aep,
+            "raft_backstop_timeout",
+            f"must be > 3 * append_entries_period ({3 * aep})",
+        )
+        need(
+            self.raft_backstop_timeout > self.raft_max_timeout + self.heartbeat_interval,
+            "raft_backstop_timeout",
+            f"must be > raft_max_timeout + heartbeat_interval ({self.raft_max_timeout + self.heartbeat_interval})",
         )
         need(
             self.connection_timeout >= self.raft_max_timeout,
@@ -223,6 +251,12 @@ class MemberConfig:
             raise ConfigError("members", str(exc)) from None
 
     # ---- accessors -------------------------------------------------------------------------
+
+    @property
+    def legacy_append_entries_period(self) -> float:
+        """What a leader sends while a peer's elections still run on append_entries (a node
+        from before the leader's beat, whose pysyncobj election timeout is raft_min_timeout)."""
+        return round(self.raft_min_timeout / 3.5, 4)
 
     @property
     def me(self) -> MemberSpec:

@@ -9,7 +9,7 @@ whether every peer has been heard once, and a :class:`RaftView` (role, leader,
 term, committed state); besides, the local brokers (:meth:`set_brokers`) and
 the results of the commands it asked to submit (:meth:`join_done`,
 :meth:`plan_done`). Actions, in the order the shell must execute them:
-:class:`KeepLinksOpen`, :class:`Emit`, :class:`HastenElection`,
+:class:`KeepLinksOpen`, :class:`Emit`, :class:`HastenElection` / :class:`HoldElection`,
 :class:`SubmitJoin`, :class:`SubmitPlan`, :class:`NewRoster`, :class:`NewState`, :class:`Publish`.
 
 What it decides:
@@ -17,8 +17,8 @@ What it decides:
 * **suspicion**: peer up/down events from the heartbeat view;
 * **the no-quorum lease** (:class:`QuorumLease`): quorum means a majority of
   the configured members live *and* a leader we can hear;
-* **election hastening**: the leader's heartbeat is gone, so ask for an early
-  election, survivors in id order (:meth:`MemberCore._hasten`);
+* **elections**: the leader's UDP beat holds them off; a silent or dead leader
+  starts one, followers in id order (membership.election, :class:`ElectionTimer`);
 * **Raft links kept open** every ``connection_timeout / 4``: those to live
   peers (see :class:`KeepLinksOpen`);
 * **join gating**: propose our own ``Join`` (with the state formats this node
@@ -47,6 +47,7 @@ import attrs
 from membership.commands import APPLIED, REJECTED, REMOVE, Command, Join, MemberChange, Result, SetFormat
 from membership.config import MemberConfig, MemberSpec
 from membership.effective import QuorumLease, build_serving_map, committed_is_sane, committed_vacant
+from membership.election import NO_BEAT, ElectionTimer, HastenElection, HoldElection, LeaderBeat
 from membership.formats import SUPPORTED, FormatRange, next_format, refusal
 from membership.planner import Planner
 from membership.serving import ServingMap
@@ -55,8 +56,6 @@ from topology import Broker, ProxyId
 
 # The leader re-plans at least this often even when nothing changed (rebalance timers).
 PLAN_INTERVAL_S = 0.1
-# Survivors of a dead leader ask for votes this far apart, in id order (MemberCore._hasten).
-HASTEN_SPACING_S = 0.1
 # A leader being removed asks a follower to take over this often until one has.
 HAND_OVER_RETRY_S = 0.2
 # A failed Join is retried after this long (a successful one: at the next tick, if still needed).
@@ -105,13 +104,6 @@ class KeepLinksOpen:
     per link, encrypted at both ends, was a large share of an idle node's CPU)."""
 
     peers: frozenset[ProxyId]
-
-
-@attrs.frozen(slots=True)
-class HastenElection:
-    """Start an election ``within_s`` from now unless Raft's own deadline is earlier."""
-
-    within_s: float
 
 
 @attrs.frozen(slots=True)
@@ -176,8 +168,8 @@ class Refuse:
     reason: str
 
 
-Action = (KeepLinksOpen | HastenElection | SubmitJoin | SubmitPlan | HandOver | Emit | NewRoster | NewState
-          | Publish | Refuse)
+Action = (KeepLinksOpen | HastenElection | HoldElection | SubmitJoin | SubmitPlan | HandOver | Emit | NewRoster
+          | NewState | Publish | Refuse)
 
 
 def _emit(now: float, event: str, **fields: Any) -> Emit:
@@ -203,6 +195,9 @@ class MemberCore:
         self._tokens = itertools.count(1)
         self._started_at = now
         self._lease = QuorumLease(config.quorum_lease, now)
+        self.election = ElectionTimer(self.node_id, config.raft_min_timeout,
+                                      config.raft_max_timeout - config.raft_min_timeout,
+                                      config.heartbeat_interval, config.raft_backstop_timeout, now)
         # Read by the shell (single attribute reads from any thread).
         self.view = MemberView()
         self.state = FleetState()
@@ -229,6 +224,7 @@ class MemberCore:
         """The member's Raft is up at ``now``: warm-up and the lease count from here."""
         self._started_at = now
         self._lease = QuorumLease(self.config.quorum_lease, now)
+        self.election.started(now)
 
     # ---- inputs besides the tick -------------------------------------------------------------
 
@@ -263,11 +259,13 @@ class MemberCore:
     # ---- the tick ----------------------------------------------------------------------------
 
     def tick(self, now: float, live: frozenset[ProxyId], heard_all: bool, raft: RaftView,
-             isolated: bool = False, hearing: frozenset[ProxyId] | None = None) -> list[Action]:
+             isolated: bool = False, leader_beat: LeaderBeat = NO_BEAT,
+             hearing: frozenset[ProxyId] | None = None) -> list[Action]:
         """``live``: this node and every peer that is live both ways (membership.liveness);
         ``heard_all``: every peer has been in two-way contact once since this process started;
         ``isolated``: this node hears no peer and they all fell silent at once (it is
-        more likely the one cut off: its map then claims no peer's address); ``hearing``: the
+        more likely the one cut off: its map then claims no peer's address); ``leader_beat``:
+        what the heartbeat says of the leader Raft names (membership.election); ``hearing``: the
         peers this node hears, whether or not they hear it (default: ``live``); in degraded
         mode only the silent ones count as unreachable (membership.effective)."""
         out: list[Action] = []
@@ -295,8 +293,7 @@ class MemberCore:
             out.append(_emit(now, "role", role=role, leader=leader, term=raft.term))
         self.view = MemberView(role, raft.term, leader, has_quorum, degraded)
 
-        if role != "leader" and leader is not None and leader not in live:
-            out.append(self._hasten(live, leader))
+        out.extend(self.election.update(now, live, role, leader, raft.term, leader_beat))
         if self.refused is None:
             self._check_format(state, now, out)
         if self.refused is not None:  # never joins, plans or publishes again
@@ -342,21 +339,6 @@ class MemberCore:
             self.peer_changed_at.pop(gone, None)
         out.append(_emit(now, "roster", members=sorted(self._all_ids)))
         out.append(NewRoster(tuple(m for m in roster if m.id != self.node_id)))
-
-    def _hasten(self, live: frozenset[ProxyId], leader: ProxyId) -> HastenElection:
-        """Our heartbeat saw the leader die (its port refuses a probe): start the
-        election now instead of waiting out the election timeout since the
-        leader's last append_entries.
-
-        Survivors go in id order, ``HASTEN_SPACING_S`` apart: the first one's
-        vote request reaches the others before their own turn, so they vote for
-        it instead of splitting the vote (random jitter smaller than a tick
-        collided about one time in three: ticks run in lockstep). If the first
-        is refused (a shorter log), the next one asks at a higher term. Only
-        ever makes the deadline earlier."""
-        order = sorted(live - {leader})
-        rank = order.index(self.node_id) if self.node_id in order else len(order)
-        return HastenElection(rank * HASTEN_SPACING_S)
 
     def _track_peers(self, live: frozenset[ProxyId], now: float, out: list[Action]) -> None:
         for p in self._peer_ids:

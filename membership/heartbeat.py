@@ -26,7 +26,9 @@ of every peer, whatever the roles, with its own timeout:
   not hear us is not live (membership.liveness, which holds the decisions).
 
 Datagrams carry the sender's id, a per-process incarnation, a sequence
-number and the "I hear you" flag, authenticated with HMAC-SHA256 under a key derived from the fleet
+number, the "I hear you" flag and the sender's Raft term with an "I am the
+leader" flag (:attr:`Heartbeat.leader_term`; a follower holds its election off
+while the leader of its term beats, membership.control), authenticated with HMAC-SHA256 under a key derived from the fleet
 password; a datagram must also come from the peer's configured host (when that
 is an IP literal). Everything runs on the pysyncobj tick thread: the sockets
 are registered with its poller, so no extra thread is needed.
@@ -38,10 +40,12 @@ import ipaddress
 import logging
 import math
 import os
+import select
 import socket
 import time
 from collections.abc import Callable, Mapping
 
+from membership.election import LeaderClaim
 from membership.liveness import MAX_DATAGRAM, Liveness, decode, encode, heartbeat_key
 
 log = logging.getLogger(__name__)
@@ -50,6 +54,11 @@ log = logging.getLogger(__name__)
 ISOLATION_SPREAD_BEATS = 2
 # Datagrams read per readiness event: bounds the work of one tick.
 MAX_READS_PER_EVENT = 64
+# After a grid point the tick thread reads the peers' beats of that point as they arrive for at
+# most this long (Heartbeat._gather): one wake-up per beat instead of one per peer. It blocks the
+# thread (Raft included) for at most this long, four times a second, and only while a peer it
+# hears has not beaten yet.
+GATHER_S = 0.008
 
 
 def _ip_or_none(host: str) -> str | None:
@@ -86,10 +95,18 @@ class Heartbeat:
         self._recv: socket.socket | None = None
         self._send: dict[str, socket.socket] = {}
         self.view = Liveness(self_id, self.peers, suspect_timeout)
-        self._told: frozenset[str] = frozenset()  # whom our last datagrams said we hear
+        # Whom our last datagrams said we hear, and the term they said we lead.
+        self._told: tuple[frozenset[str], int | None] = (frozenset(), None)
         self._peer_ip = ({p: _ip_or_none(addr[0]) for p, addr in self.peers.items()} if origins is None
                          else {p: origins.get(p) for p in self.peers})
         self.rejected = 0  # datagrams that failed authentication or origin checks
+        # Set by the member before each tick: this node's Raft term, and whether it leads it.
+        self.term = 0
+        self.leader_term: int | None = None
+        self._claims: dict[str, LeaderClaim] = {}
+        self._speaks_v2: set[str] = set()  # peers whose latest datagram was KPH2 (no term)
+        self._arrived: dict[str, float] = {}  # when each peer's latest authentic datagram arrived
+        self._gatherer: select.poll | None = None
 
     # ---- sockets -----------------------------------------------------------------------------
 
@@ -104,6 +121,8 @@ class Heartbeat:
             raise
         recv.setblocking(False)
         self._recv = recv
+        self._gatherer = select.poll()
+        self._gatherer.register(recv.fileno(), select.POLLIN)
         for peer, addr in sorted(self.peers.items()):
             self._send[peer] = self._sender(addr)
 
@@ -138,6 +157,9 @@ class Heartbeat:
                               lambda _fd, _ev, peer=peer: self.on_peer_event(peer)))
         self.peers = new
         self.view.set_peers(new)
+        self._speaks_v2 &= set(new)
+        self._claims = {p: c for p, c in self._claims.items() if p in new}
+        self._arrived = {p: t for p, t in self._arrived.items() if p in new}
         self._peer_ip = {p: _ip_or_none(addr[0]) for p, addr in new.items()}
         return added
 
@@ -146,6 +168,7 @@ class Heartbeat:
             if s is not None:
                 s.close()
         self._recv = None
+        self._gatherer = None
         self._send.clear()
 
     def registrations(self) -> list[tuple[int, Callable[[int, int], None]]]:
@@ -166,19 +189,24 @@ class Heartbeat:
     def tick(self, now: float) -> None:
         """Beat when due, and at once when whom we hear changed: a peer we stopped hearing
         learns it from our next datagram (two-way liveness, membership.liveness), and one we
-        hear again sees us live without waiting for the beat."""
+        hear again sees us live without waiting for the beat; at once too when we became
+        the leader (or stopped being it): the followers' election timers run on that."""
         hearing = self.view.hearing(now)
-        if now < self._next_send and hearing == self._told:
+        told = (hearing, self.leader_term)
+        if now < self._next_send and told == self._told:
             return
-        if now >= self._next_send:
+        on_grid = now >= self._next_send
+        if on_grid:
             # Beats go out on a grid of the clock (CLOCK_MONOTONIC is one clock for every
             # process of a host): the peers' datagrams then arrive together and a
             # receiver wakes once per beat instead of once per peer.
             self._next_send = (math.floor(now / self.interval) + 1) * self.interval
-        self._told = hearing
+        self._told = told
         self._seq += 1
         for peer, s in self._send.items():
             self._send_to(peer, s, self._datagram(peer, hearing), now)
+        if on_grid:
+            self._gather(now)
 
     def probe(self, peer: str, now: float) -> None:
         """Send ``peer`` a datagram now, off the beat: when its process is gone
@@ -193,8 +221,14 @@ class Heartbeat:
         self.on_peer_event(peer)  # on loopback the refusal is often there already
 
     def _datagram(self, peer: str, hearing: frozenset[str]) -> bytes:
-        hears = None if self.view.speaks_v1(peer) else peer in hearing
-        return encode(self._key, self.self_id, self._incarnation, self._seq, hears)
+        if self.view.speaks_v1(peer):
+            return encode(self._key, self.self_id, self._incarnation, self._seq, None)
+        hears = peer in hearing
+        if peer in self._speaks_v2:
+            return encode(self._key, self.self_id, self._incarnation, self._seq, hears)
+        term = self.term if self.leader_term is None else self.leader_term
+        return encode(self._key, self.self_id, self._incarnation, self._seq, hears, term,
+                      leader=self.leader_term is not None)
 
     def _send_to(self, peer: str, s: socket.socket, data: bytes, now: float) -> None:
         try:
@@ -208,6 +242,29 @@ class Heartbeat:
         if self._recv is None:
             return
         now = self.clock()
+        self._drain(now)
+        if now < self._next_send:  # our own beat of this grid point is out (else: the tick sends it, then gathers)
+            self._gather(self.clock())
+
+    def _gather(self, now: float) -> None:
+        """Read the peers' beats of the last grid point as they arrive, until every peer we
+        hear has sent one since that point or GATHER_S after it. They all beat on the same
+        grid of one clock, so their datagrams come within a few milliseconds of each other;
+        each one waking the tick thread on its own ran pysyncobj's tick and the member's
+        tick for it, most of an idle node's CPU. Waiting here costs no CPU."""
+        grid = math.floor(now / self.interval) * self.interval
+        until = grid + GATHER_S
+        while self._gatherer is not None and now < until:
+            if not any(self._arrived.get(p, -math.inf) < grid and self.view.hears(p, now) for p in self.peers):
+                return
+            if not self._gatherer.poll(1000 * (until - now)):
+                return
+            self._drain(self.clock())
+            now = self.clock()
+
+    def _drain(self, now: float) -> None:
+        if self._recv is None:
+            return
         for _ in range(MAX_READS_PER_EVENT):
             try:
                 data, addr = self._recv.recvfrom(MAX_DATAGRAM)
@@ -225,7 +282,18 @@ class Heartbeat:
         if beat is None or peer not in self.peers or (self._peer_ip[peer] is not None and self._peer_ip[peer] != ip):
             self.rejected += 1
             return
-        self.view.heard(beat, now)
+        if not self.view.heard(beat, now):
+            return
+        self._arrived[peer] = now
+        if beat.term is None:
+            self._speaks_v2.add(peer)  # also KPH1 senders: the view answers those in kind first
+            self._claims.pop(peer, None)
+            return
+        self._speaks_v2.discard(peer)
+        if beat.leader:
+            self._claims[peer] = LeaderClaim(beat.term, now)
+        else:
+            self._claims.pop(peer, None)
 
     def on_peer_event(self, peer: str) -> None:
         s = self._send.get(peer)
@@ -243,6 +311,20 @@ class Heartbeat:
                 return
 
     # ---- view (membership.liveness) -----------------------------------------------------------
+
+    def leader_claim(self, peer: str) -> LeaderClaim | None:
+        """The latest datagram of ``peer`` claiming Raft leadership, if its latest said so."""
+        return self._claims.get(peer)
+
+    def speaks_leader_beat(self, peer: str) -> bool:
+        """``peer`` has sent us a datagram and the latest carried a term (``KPH3``): it beats
+        as a leader when it is one."""
+        return self.view.has_contact(peer) and peer not in self._speaks_v2
+
+    def legacy_peers(self) -> frozenset[str]:
+        """Peers whose latest datagram carried no term (nodes before the leader's beat): their
+        elections still run on Raft's own append_entries."""
+        return frozenset(self._speaks_v2)
 
     def has_heard(self, peer: str) -> bool:
         """``peer`` and this process have talked both ways at least once (it sent us a

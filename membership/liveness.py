@@ -16,10 +16,13 @@ is seen ``suspect_timeout`` plus one datagram's flight after the last beat heard
 silent peer. Process death (a refusal) is unchanged.
 
 Wire format (authenticated with HMAC-SHA256 truncated to ``MAC_BYTES``, at most
-``MAX_DATAGRAM`` bytes): ``KPH2`` incarnation(8) seq(u64) flags(u8) id_len(u8) id mac.
-``KPH1`` (the same without flags, from nodes before two-way liveness) is still read, and
-answered in kind so that a mixed fleet (a rolling upgrade) keeps hearing each other; such a
-peer is taken to hear us.
+``MAX_DATAGRAM`` bytes): ``KPH3`` incarnation(8) seq(u64) flags(u8) term(u64) id_len(u8) id mac,
+where the flags say "I hear you" and "I am the Raft leader of ``term``" (a follower's election
+timer runs on the leader's beat: membership.control). ``KPH2`` (the same without the term, from
+nodes before the leader's beat) and ``KPH1`` (also without flags, from nodes before two-way
+liveness) are still read, and answered in kind so that a mixed fleet (a rolling upgrade) keeps
+hearing each other (membership.heartbeat picks the version per peer); a ``KPH1`` peer is taken
+to hear us.
 """
 
 from __future__ import annotations
@@ -32,13 +35,16 @@ from collections.abc import Iterable
 import attrs
 
 MAGIC_V1 = b"KPH1"
-MAGIC = b"KPH2"
+MAGIC_V2 = b"KPH2"
+MAGIC = b"KPH3"
 MAC_BYTES = 16
 MAX_DATAGRAM = 512
 HEARS_YOU = 0x01
+LEADER = 0x02
 _INCARNATION = 8
 _HEAD_V1 = len(MAGIC_V1) + _INCARNATION + 9  # magic, incarnation, seq, id length
-_HEAD = len(MAGIC) + _INCARNATION + 10       # magic, incarnation, seq, flags, id length
+_HEAD_V2 = len(MAGIC) + _INCARNATION + 10    # magic, incarnation, seq, flags, id length
+_HEAD = _HEAD_V2 + 8                          # ... and the sender's Raft term before the id length
 
 
 def heartbeat_key(password: str) -> bytes:
@@ -47,25 +53,34 @@ def heartbeat_key(password: str) -> bytes:
 
 @attrs.frozen(slots=True)
 class Beat:
-    """One authentic datagram: ``hears_you`` is None from a ``KPH1`` sender (it does not say)."""
+    """One authentic datagram: ``hears_you`` is None from a ``KPH1`` sender (it does not say);
+    ``term`` is the sender's Raft term, None from a ``KPH1`` or ``KPH2`` sender; ``leader``: the
+    sender is the Raft leader of ``term``."""
 
     node_id: str
     incarnation: bytes
     seq: int
     hears_you: bool | None
+    term: int | None = None
+    leader: bool = False
 
 
 def _mac(key: bytes, body: bytes) -> bytes:
     return hmac.new(key, body, hashlib.sha256).digest()[:MAC_BYTES]
 
 
-def encode(key: bytes, node_id: str, incarnation: bytes, seq: int, hears_you: bool | None = True) -> bytes:
-    """A ``KPH2`` datagram, or ``KPH1`` when ``hears_you`` is None (to a peer that speaks only that)."""
+def encode(key: bytes, node_id: str, incarnation: bytes, seq: int, hears_you: bool | None = True,
+           term: int | None = None, leader: bool = False) -> bytes:
+    """A ``KPH3`` datagram; ``KPH2`` when ``term`` is None and ``KPH1`` when ``hears_you`` is None
+    too (to a peer that speaks only that)."""
     nid = node_id.encode()
     if hears_you is None:
         body = MAGIC_V1 + incarnation + struct.pack("!QB", seq, len(nid)) + nid
+    elif term is None:
+        body = MAGIC_V2 + incarnation + struct.pack("!QBB", seq, HEARS_YOU if hears_you else 0, len(nid)) + nid
     else:
-        body = MAGIC + incarnation + struct.pack("!QBB", seq, HEARS_YOU if hears_you else 0, len(nid)) + nid
+        flags = (HEARS_YOU if hears_you else 0) | (LEADER if leader else 0)
+        body = MAGIC + incarnation + struct.pack("!QBQB", seq, flags, term, len(nid)) + nid
     return body + _mac(key, body)
 
 
@@ -78,11 +93,18 @@ def decode(key: bytes, data: bytes) -> Beat | None:
         return None
     incarnation = body[4 : 4 + _INCARNATION]
     hears_you: bool | None
+    term: int | None = None
+    flags = 0
     if body.startswith(MAGIC):
         if len(body) < _HEAD:
             return None
-        seq, flags, n = struct.unpack("!QBB", body[4 + _INCARNATION : _HEAD])
+        seq, flags, term, n = struct.unpack("!QBQB", body[4 + _INCARNATION : _HEAD])
         head, hears_you = _HEAD, bool(flags & HEARS_YOU)
+    elif body.startswith(MAGIC_V2):
+        if len(body) < _HEAD_V2:
+            return None
+        seq, flags, n = struct.unpack("!QBB", body[4 + _INCARNATION : _HEAD_V2])
+        head, hears_you, flags = _HEAD_V2, bool(flags & HEARS_YOU), 0
     elif body.startswith(MAGIC_V1):
         seq, n = struct.unpack("!QB", body[4 + _INCARNATION : _HEAD_V1])
         head, hears_you = _HEAD_V1, None
@@ -91,7 +113,7 @@ def decode(key: bytes, data: bytes) -> Beat | None:
     if len(body) != head + n:
         return None
     try:
-        return Beat(body[head:].decode(), incarnation, seq, hears_you)
+        return Beat(body[head:].decode(), incarnation, seq, hears_you, term, bool(flags & LEADER))
     except UnicodeDecodeError:
         return None
 

@@ -37,6 +37,7 @@ from membership.commands import (ADD, REJECTED, REMOVE, BeginAdd, BeginRemove, C
                                   MemberChange, Result, Undrain)
 from membership.config import MemberConfig, MemberSpec
 from membership.control import MemberCore, RaftView
+from membership.election import NO_BEAT, LeaderBeat, append_entries_period, leader_beat
 from membership.formats import SUPPORTED, FormatRange
 from membership.heartbeat import Heartbeat
 from membership.raft import RaftReplica
@@ -412,7 +413,7 @@ class Member:
         if hb is None:
             return float("inf")
         now = self._clock()
-        return min(hb.next_send, hb.next_expiry(now)) - now
+        return min(hb.next_send, hb.next_expiry(now), self._core.election.next_due) - now
 
     def _on_link_lost(self, raft_address: str) -> None:
         """The Raft connection to a peer dropped (tick thread): probe its heartbeat
@@ -430,13 +431,24 @@ class Member:
                 raft.subscribe_fd(fd, callback)
             self._registered = True
         now = self._clock()
+        role, term = raft.role(), raft.raftCurrentTerm
+        hb.term, hb.leader_term = term, (term if role == "leader" else None)
         hb.tick(now)
-        role = raft.role()
         leader = self.node_id if role == "leader" else self._addr_to_id.get(raft.leader_address())
-        view = RaftView(role, leader, raft.raftCurrentTerm, raft.state)
+        view = RaftView(role, leader, term, raft.state)
         heard_all = all(hb.has_heard(p) for p in hb.peers)
         self._execute(raft, self._core.tick(now, hb.live(now), heard_all, view, isolated=hb.isolated(now),
+                                            leader_beat=self._leader_beat(hb, leader, term),
                                             hearing=hb.view.hearing(now)))
+        if role == "leader":
+            raft.set_append_entries_period(append_entries_period(
+                self.config.append_entries_period, self.config.legacy_append_entries_period, hb.legacy_peers()))
+
+    def _leader_beat(self, hb: Heartbeat, leader: str | None, term: int) -> LeaderBeat:
+        """What the heartbeat says of the leader Raft names (membership.election)."""
+        if leader is None or leader == self.node_id:
+            return NO_BEAT
+        return leader_beat(hb.speaks_leader_beat(leader), hb.leader_claim(leader), term)
 
     def _execute(self, raft: RaftReplica, actions: list[control.Action]) -> None:
         for action in actions:
@@ -447,6 +459,8 @@ class Member:
                 raft.keep_links_open(self._raft_addresses[p] for p in action.peers)
             elif isinstance(action, control.HastenElection):
                 raft.hasten_election(action.within_s)
+            elif isinstance(action, control.HoldElection):
+                raft.hold_election(action.for_s)
             elif isinstance(action, control.SubmitJoin):
                 raft.submit(action.command, self._join_callback(action.token))
             elif isinstance(action, control.SubmitPlan):

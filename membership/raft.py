@@ -10,6 +10,9 @@ order, on the pysyncobj tick thread). Pitfalls handled here (DESIGN §9):
   member's own Raft address;
 * batching adds ~100 ms per commit -> ``appendEntriesUseBatch=False``;
 * ``connectionRetryTime`` 5 s, ``leaderFallbackTimeout`` 30 s -> tuned down;
+* the election timer runs on the leader's UDP beat (membership.election):
+  pysyncobj's own election timeout is ``raft_backstop_timeout`` and an idle
+  leader's append_entries are slow (``append_entries_period``);
 * dynamic membership (``dynamicMembershipChange=True``): a change counts as
   soon as it is in the leader's log, and adding an unreachable node silently
   grows the quorum, so changes go one at a time and only when the nodes alive
@@ -18,7 +21,8 @@ order, on the pysyncobj tick thread). Pitfalls handled here (DESIGN §9):
 
 Every access to pysyncobj's private, name-mangled internals lives in
 :class:`RaftReplica` (``role``, ``leader_address``, ``keep_links_open``,
-``on_link_lost``, ``hasten_election``, ``cap_poll_wait``, ``subscribe_fd``) and in :func:`bind_outgoing`; they are
+``on_link_lost``, ``cap_poll_wait``, ``subscribe_fd``), in :func:`election_deadline`
+(``hasten_election``, ``hold_election``) and in :func:`bind_outgoing`; they are
 written against pysyncobj ``PINNED_PYSYNCOBJ`` and checked against a real
 ``SyncObj`` by tests/integration/test_raft_private.py.
 
@@ -76,16 +80,23 @@ MIN_WAIT_S = 0.001
 _ROLES = {0: "follower", 1: "candidate", 2: "leader"}
 
 
+# pysyncobj's election timeout is drawn between the backstop and this many times it.
+BACKSTOP_SPREAD = 1.5
+
+
 def syncobj_conf(config: MemberConfig) -> SyncObjConf:
+    backstop_max = round(config.raft_backstop_timeout * BACKSTOP_SPREAD, 4)
     conf = SyncObjConf(
         password=config.password,
         bindAddress=config.me.raft_bind_address,
         appendEntriesUseBatch=False,
-        raftMinTimeout=config.raft_min_timeout,
-        raftMaxTimeout=config.raft_max_timeout,
+        raftMinTimeout=config.raft_backstop_timeout,
+        raftMaxTimeout=backstop_max,
         appendEntriesPeriod=config.append_entries_period,
         autoTickPeriod=config.autotick_period,
-        connectionTimeout=config.connection_timeout,
+        # pysyncobj's rule (>= its election timeout); live peers' links are kept open anyway
+        # (control.KeepLinksOpen), so this only drops links to peers the heartbeat lost.
+        connectionTimeout=max(config.connection_timeout, backstop_max),
         connectionRetryTime=config.connection_retry_time,
         leaderFallbackTimeout=config.leader_fallback_timeout,
         dynamicMembershipChange=True,
@@ -102,14 +113,31 @@ def syncobj_conf(config: MemberConfig) -> SyncObjConf:
     return conf
 
 
+# pysyncobj 0.3.x keeps a follower's election deadline (seconds of its monotonic clock,
+# CLOCK_MONOTONIC_RAW) in ``SyncObj.__raftElectionDeadline``, name-mangled, and has no
+# accessor: the tick thread starts an election once it is past (and a peer is connected),
+# and pysyncobj moves it on every append_entries and vote. Every read and write of it goes
+# through election_deadline(); tests/unit/test_leader_beat.py fails if pysyncobj renames it.
+ELECTION_DEADLINE = "_SyncObj__raftElectionDeadline"
+
+
+def election_deadline(replica: SyncObj, new: float | None = None) -> float | None:
+    """The replica's election deadline (None if pysyncobj has none); sets it first when
+    ``new`` is given. Tick thread only (pysyncobj reads and writes it there unlocked)."""
+    if new is not None:
+        setattr(replica, ELECTION_DEADLINE, new)
+    return getattr(replica, ELECTION_DEADLINE, None)
+
+
 class RaftReplica(SyncObj):
     state: FleetState = FleetState()
 
     def __init__(self, config: MemberConfig) -> None:
+        self._syncobj_conf = syncobj_conf(config)
         super().__init__(
             config.me.raft_address,
             [m.raft_address for m in config.peers],
-            conf=syncobj_conf(config),
+            conf=self._syncobj_conf,
         )
 
     def _apply(self, command: object, kind: type | tuple[type, ...]) -> Result:
@@ -231,19 +259,36 @@ class RaftReplica(SyncObj):
     def hasten_election(self, within_s: float) -> None:
         """Start an election within ``within_s`` unless the current deadline is
         earlier. Only ever makes it earlier; call on the tick thread, which
-        owns it. pysyncobj's clock is CLOCK_MONOTONIC_RAW, not time.monotonic()."""
-        attr = "_SyncObj__raftElectionDeadline"
-        current = getattr(self, attr, None)
+        owns it. At least MIN_WAIT_S ahead, so that the tick thread's wait ends
+        at it (a deadline already past does not wake it: cap_poll_wait)."""
+        current = election_deadline(self)
         if current is None:
             return
-        soon = raft_clock() + within_s
+        soon = raft_clock() + max(within_s, MIN_WAIT_S)
         if soon < current:
-            setattr(self, attr, soon)
+            election_deadline(self, soon)
+
+    def hold_election(self, for_s: float) -> None:
+        """The leader proved it is alive: no election before ``for_s`` from now. Only ever
+        makes the deadline later, and never one already past (an election the tick thread
+        starts next: a leadership transfer's TimeoutNow, or a hastened one)."""
+        current = election_deadline(self)
+        now = raft_clock()
+        if current is None or current <= now:
+            return
+        if now + for_s > current:
+            election_deadline(self, now + for_s)
 
     def election_deadline_in(self) -> float | None:
         """Seconds until pysyncobj's election deadline (for tests and status)."""
-        current = getattr(self, "_SyncObj__raftElectionDeadline", None)
+        current = election_deadline(self)
         return None if current is None else current - raft_clock()
+
+    def set_append_entries_period(self, seconds: float) -> None:
+        """The idle leader's append_entries period from now on (pysyncobj reads it from its
+        configuration object, ours, at every send)."""
+        if self._syncobj_conf.appendEntriesPeriod != seconds:
+            self._syncobj_conf.appendEntriesPeriod = seconds
 
     def cap_poll_wait(self, seconds_left: Callable[[], float]) -> None:
         """Make the tick thread's idle wait end at the first due timer: pysyncobj's
@@ -271,8 +316,7 @@ class RaftReplica(SyncObj):
     def raft_timer_in(self) -> float:
         """Seconds until pysyncobj's next timer: the leader's next append_entries,
         anyone else's election deadline (inf if unknown)."""
-        attr = "_SyncObj__newAppendEntriesTime" if self._isLeader() else "_SyncObj__raftElectionDeadline"
-        due = getattr(self, attr, None)
+        due = getattr(self, "_SyncObj__newAppendEntriesTime", None) if self._isLeader() else election_deadline(self)
         return float("inf") if due is None else due - raft_clock()
 
     def subscribe_fd(self, fd: int, callback: Callable[[int, int], None]) -> None:

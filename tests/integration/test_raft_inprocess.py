@@ -232,11 +232,12 @@ time.sleep(60)
 def test_a_killed_member_is_seen_before_the_next_beat():
     """SIGKILL: its Raft connections reset, the survivors probe its heartbeat port and
     see it refuse within milliseconds, not at the next beat (every 2 s here) nor after
-    the silence timeout (6 s)."""
+    the silence timeout (6 s). Elections wait for a beat that is overdue, so they are slower too."""
     hosts = {"a": "127.0.0.21", "b": "127.0.0.22", "c": "127.0.0.23"}
     specs = [MemberSpec(ProxyNode(p, h, 9092), h, free_port(h)) for p, h in hosts.items()]
     configs = {p: MemberConfig(node_id=p, members=specs, password="in-process-secret", heartbeat_interval=2.0,
-                               suspect_timeout=6.0) for p in hosts}
+                               suspect_timeout=6.0, raft_min_timeout=2.0, raft_max_timeout=2.5, quorum_lease=5.0,
+                               connection_timeout=2.5) for p in hosts}
     members = {p: Member(configs[p]) for p in ("a", "b")}
     child = subprocess.Popen([sys.executable, "-c", _MEMBER_PROCESS, json.dumps(configs["c"].to_dict())],
                              stdout=subprocess.PIPE, text=True)

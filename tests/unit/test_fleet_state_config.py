@@ -37,10 +37,12 @@ def test_password_is_required_and_named():
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"raft_min_timeout": 0.25, "append_entries_period": 0.085}, "raft_min_timeout"),  # not > 3 * 0.085
+        ({"raft_min_timeout": 0.2}, "raft_min_timeout"),  # < heartbeat_interval 0.25
+        ({"raft_backstop_timeout": 2.25}, "raft_backstop_timeout"),  # not > 3 * 0.75
+        ({"raft_backstop_timeout": 0.85, "append_entries_period": 0.2}, "raft_backstop_timeout"),  # not > 0.6 + 0.25
         ({"raft_max_timeout": 0.3}, "raft_max_timeout"),  # not > min 0.3
         ({"connection_timeout": 0.5}, "connection_timeout"),  # < max 0.6
-        ({"leader_fallback_timeout": 0.17}, "leader_fallback_timeout"),  # not > 2 * 0.085
+        ({"leader_fallback_timeout": 1.5}, "leader_fallback_timeout"),  # not > 2 * 0.75
         ({"heartbeat_interval": 0.2}, "heartbeat_interval"),  # < autotick 0.25
         ({"suspect_timeout": 0.7}, "suspect_timeout"),  # < 3 * 0.25
         ({"quorum_lease": 1.0}, "quorum_lease"),  # < 2 * 0.6
@@ -152,15 +154,22 @@ def test_syncobj_conf_is_what_the_design_asks_of_pysyncobj():
     assert conf.password == "pw"
     assert conf.bindAddress == "127.0.0.11:7001" == config.me.raft_address
     assert conf.appendEntriesUseBatch is False and conf.dynamicMembershipChange is True  # live membership (membership.roster)
-    assert (conf.raftMinTimeout, conf.raftMaxTimeout) == (config.raft_min_timeout, config.raft_max_timeout)
-    assert conf.connectionTimeout == config.connection_timeout <= 1.0
+    # pysyncobj's election timer is the backstop (membership.election): 3 to 4.5 s.
+    assert (conf.raftMinTimeout, conf.raftMaxTimeout) == (3.0, 4.5) == (config.raft_backstop_timeout, 4.5)
+    assert conf.appendEntriesPeriod == config.append_entries_period == 0.75
+    assert conf.connectionTimeout == 4.5  # pysyncobj: >= its election timeout
     assert conf.connectionRetryTime == config.connection_retry_time <= 0.25
-    assert conf.leaderFallbackTimeout == config.leader_fallback_timeout <= 1.0
+    assert conf.leaderFallbackTimeout == config.leader_fallback_timeout == 2.25  # 3 idle append_entries
 
 
-def test_append_entries_period_follows_the_election_timeout():
-    """By default the leader's Raft heartbeat is raft_min_timeout / 3.5 (pysyncobj needs < 1/3)."""
-    assert make().append_entries_period == pytest.approx(0.3 / 3.5, abs=1e-4)
-    slow = make(raft_min_timeout=0.7, raft_max_timeout=1.4, quorum_lease=2.8, connection_timeout=1.4)
-    assert slow.append_entries_period == 0.2
-    assert make(append_entries_period=0.05).append_entries_period == 0.05
+def test_an_idle_leader_sends_append_entries_rarely_and_the_backstop_follows():
+    """The leader's beat holds elections off, so an idle leader's append_entries are 0.75 s
+    apart and pysyncobj's own election timeout is 4 of them (at least two beats after the last
+    follower's election); while a peer from before the
+    leader's beat is in the fleet, the leader sends them as often as that peer's election
+    timeout (raft_min_timeout) needs: under a third of it."""
+    config = make()
+    assert (config.append_entries_period, config.raft_backstop_timeout) == (0.75, 3.0)
+    assert config.legacy_append_entries_period == pytest.approx(0.3 / 3.5, abs=1e-4)
+    fast = make(append_entries_period=0.25)  # the backstop stays behind the beat's last election (0.6 + 2 beats)
+    assert (fast.raft_backstop_timeout, fast.leader_fallback_timeout) == (1.1, 1.0)

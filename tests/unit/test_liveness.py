@@ -36,7 +36,7 @@ def test_a_kph1_datagram_is_read_and_says_nothing_about_hearing():
     lambda d: d[:-1] + bytes([d[-1] ^ 1]),       # MAC
     lambda d: d[:20] + bytes([d[20] ^ 1]) + d[21:],  # the flag byte under the MAC
     lambda d: d[:10],                               # truncated
-    lambda d: b"KPH3" + d[4:],                      # unknown magic
+    lambda d: b"KPH9" + d[4:],                      # unknown magic
     lambda d: d + b"\0" * MAX_DATAGRAM,             # oversized
 ])
 def test_a_forged_or_broken_datagram_is_rejected(mangle):
@@ -205,7 +205,7 @@ def test_kph1_peers_are_answered_in_kind_and_count_as_hearing():
     fleet.now += INTERVAL
     fleet.hb["a"].tick(fleet.now)
     sent = {to: data for to, _ip, data in fleet.wire.queue}
-    assert sent["c"].startswith(b"KPH1") and sent["b"].startswith(b"KPH2")
+    assert sent["c"].startswith(b"KPH1") and sent["b"].startswith(b"KPH3")
 
 
 # ---- isolation: the deaf host must not claim its peers' addresses -------------------------------

@@ -1,0 +1,160 @@
+"""When a follower starts a Raft election: on the leader's UDP beat, not on Raft's own timer.
+
+pysyncobj's follower starts an election when no ``append_entries`` arrived for its election
+timeout, so the leader must send one to every follower several times per timeout whether or not
+the log changed: each is pickled, compressed, encrypted and answered, a wake-up on both ends
+and most of an idle fleet's CPU (BENCHMARKS.md, "Idle cost: where the CPU goes"). The
+heartbeat already proves every quarter second that each peer is alive, for one HMAC and no
+answer. So the proof that the leader is alive is its beat (membership.liveness: each datagram
+carries the sender's term and whether it leads it), and Raft's own timers become a slow
+backstop (``MemberConfig.raft_backstop_timeout``, with idle append_entries every
+``append_entries_period``). :class:`ElectionTimer` decides, from the beat:
+
+* **hold**: a beat from the leader we know, claiming leadership of our term or a later one,
+  pushes Raft's election deadline forward (:class:`HoldElection`): a leader whose beats arrive
+  is alive even if an append_entries is late. A deposed leader claims an older term, and a
+  node that stepped down claims nothing: neither holds anyone's election off.
+* **leader silent**: a leader that beats but whose claim is ``raft_min_timeout`` overdue (its
+  next beat was due ``heartbeat_interval`` after the last), or no leader at all for as long (a
+  lost election, a fresh fleet), starts an election (:class:`HastenElection`), followers in id
+  order, the last one at ``raft_max_timeout`` overdue: the first one's vote request reaches the
+  others before their turn.
+* **leader dead**: the heartbeat declared the leader down (its process died and its port
+  refuses, or it fell silent for ``suspect_timeout``, or it stopped hearing us): an election at
+  once, survivors in id order ``HASTEN_SPACING_S`` apart.
+
+A leader whose datagrams carry no term (a node from before the leader's beat, in a rolling
+upgrade) still sends append_entries at Raft's old rate, so only the last rule applies to it and
+Raft's backstop does the rest; a leader of this version sends them at that rate too while any
+peer is such a node (:func:`append_entries_period`), since that peer's election timer runs on them.
+
+Pure: time and every input come from the caller (membership.control feeds it on each tick).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import attrs
+
+from topology import ProxyId
+
+# Survivors of a dead leader ask for votes this far apart, in id order (ElectionTimer._order).
+HASTEN_SPACING_S = 0.1
+# A silent leader's followers ask at least this far apart (their window may be narrower).
+MIN_SPACING_S = 0.02
+
+
+@attrs.frozen(slots=True)
+class HastenElection:
+    """Start an election ``within_s`` from now unless Raft's own deadline is earlier."""
+
+    within_s: float
+
+
+@attrs.frozen(slots=True)
+class HoldElection:
+    """The leader just proved it is alive: let Raft's election deadline be no earlier than
+    ``for_s`` from now (an election pysyncobj is about to start is left alone)."""
+
+    for_s: float
+
+
+@attrs.frozen(slots=True)
+class LeaderBeat:
+    """What the heartbeat says of the leader Raft names: ``beats``, its datagrams carry a term
+    (it claims leadership in them); ``claimed_at``, when its latest datagram arrived if that
+    one claimed leadership of our term or a later one (else None)."""
+
+    beats: bool = False
+    claimed_at: float | None = None
+
+
+NO_BEAT = LeaderBeat()
+
+
+@attrs.frozen(slots=True)
+class LeaderClaim:
+    """A peer's latest datagram said it is the Raft leader of ``term``; it arrived at ``at``."""
+
+    term: int
+    at: float
+
+
+def leader_beat(beats: bool, claim: LeaderClaim | None, term: int) -> LeaderBeat:
+    """The leader Raft names at our ``term``: it ``beats`` (its datagrams carry a term), and its
+    latest ``claim``. A claim of an older term is a deposed leader's, which holds nothing off."""
+    return LeaderBeat(beats, claim.at if claim is not None and claim.term >= term else None)
+
+
+def append_entries_period(idle_period: float, legacy_period: float, legacy_peers: Collection[ProxyId]) -> float:
+    """The leader's append_entries period: ``idle_period``, but ``legacy_period`` while any
+    peer's election timer still runs on append_entries (its datagrams carry no term)."""
+    return legacy_period if legacy_peers else idle_period
+
+
+class ElectionTimer:
+    """One member's election decisions (see the module doc); :meth:`update` on every tick."""
+
+    __slots__ = ("self_id", "overdue_s", "window_s", "beat_interval", "hold_s", "_key", "_since", "_fired",
+                 "_held", "next_due")
+
+    def __init__(self, self_id: ProxyId, overdue_s: float, window_s: float, beat_interval: float,
+                 hold_s: float, now: float) -> None:
+        """``overdue_s``/``window_s``: the first follower asks that long after the leader's beat
+        was due, the last ``window_s`` later; ``hold_s``: a beat holds Raft's election off that long."""
+        self.self_id = self_id
+        self.overdue_s = overdue_s
+        self.window_s = window_s
+        self.beat_interval = beat_interval
+        self.hold_s = hold_s
+        self._key: tuple[int, ProxyId | None] | None = None
+        self._since = now  # when the term or the leader last changed
+        self._fired: float | None = None  # the due time already acted on
+        self._held: float | None = None  # the claim already acted on
+        #: When :meth:`update` must run next for a silent leader (inf: nothing pending).
+        self.next_due = float("inf")
+
+    def started(self, now: float) -> None:
+        self._since = now
+
+    def update(self, now: float, live: frozenset[ProxyId], role: str, leader: ProxyId | None, term: int,
+               beat: LeaderBeat = NO_BEAT) -> list[HastenElection | HoldElection]:
+        self.next_due = float("inf")
+        if (term, leader) != self._key:
+            if self._key is not None:  # the first view is the one at start: the silence counts from there
+                self._since = now
+            self._key = (term, leader)
+        if role == "leader":
+            return []
+        if leader is not None and leader not in live:
+            order = self._order(live, leader)
+            return [HastenElection(order.index(self.self_id) * HASTEN_SPACING_S if self.self_id in order
+                                   else len(order) * HASTEN_SPACING_S)]
+        out: list[HastenElection | HoldElection] = []
+        if leader is not None and beat.claimed_at is not None and beat.claimed_at != self._held:
+            self._held = beat.claimed_at
+            out.append(HoldElection(self.hold_s))
+        if leader is None or beat.beats:
+            due = self._silence_due(live, leader, beat)
+            if now < due:
+                self.next_due = due
+            elif due != self._fired:
+                self._fired = due
+                out.append(HastenElection(0.0))
+        return out
+
+    def _silence_due(self, live: frozenset[ProxyId], leader: ProxyId | None, beat: LeaderBeat) -> float:
+        """When this follower asks for votes if nothing is heard from a leader until then."""
+        proof = self._since if beat.claimed_at is None else max(self._since, beat.claimed_at)
+        order = self._order(live, leader)
+        rank = order.index(self.self_id) if self.self_id in order else len(order)
+        spacing = max(MIN_SPACING_S, min(HASTEN_SPACING_S, self.window_s / max(1, len(order) - 1)))
+        return proof + self.beat_interval + self.overdue_s + rank * spacing
+
+    @staticmethod
+    def _order(live: frozenset[ProxyId], leader: ProxyId | None) -> list[ProxyId]:
+        """Survivors in id order: random jitter smaller than a tick collided about one time in
+        three (ticks run in lockstep); if the first is refused (a shorter log), the next one
+        asks at a higher term."""
+        return sorted(live - {leader}) if leader is not None else sorted(live)

@@ -39,6 +39,11 @@ TICKLE_AGAIN_S = 0.3
 # holds it); the clients would then send to the previous holder until their entry went stale,
 # ~30 s (seen after heals on emulated hosts).
 ANNOUNCE_AGAIN_S = (1.5, 4.0)
+# While quorate and unfenced, a node announces every address it holds this often (keepalived's
+# garp refresh): whatever left a client's ARP cache naming another host (a peer without quorum
+# that claimed this address and gave it back, an announcement lost to `locktime`), it is put
+# right within this, not after the entry fails (~10 s, then the clients' requests time out).
+REFRESH_S = 2.0
 
 
 def floating_address(config: MoverConfig, node: str, host: str) -> FloatingAddress:
@@ -152,10 +157,16 @@ class FloatingAddresses:
         """Tick the fence: on a stall, ``fenced()`` (drop the connections) and give every address
         back; once unfenced, ``resync()`` (take back what the map says)."""
         self.fence.start_ticking(self.clock())
+        next_refresh = self.clock() + REFRESH_S
         while True:
             await asyncio.sleep(FENCE_TICK_S)
             now = self.clock()
-            epoch = serving().epoch
+            current = serving()
+            epoch = current.epoch
+            if now >= next_refresh:
+                next_refresh = now + REFRESH_S
+                if not self.fence.fenced and not current.degraded and self.has_quorum():
+                    await self.refresh()
             if self.fence.tick(now, epoch):
                 log.warning("this node stalled: fencing (addresses given back until the committed map is known)",
                             extra={"node": self.node_id})
@@ -164,6 +175,21 @@ class FloatingAddresses:
             elif self.fence.fenced and self.fence.may_unfence(now, self.has_quorum(), epoch):
                 log.info("fence lifted: the committed map is known", extra={"node": self.node_id})
                 await resync()
+
+    async def refresh(self) -> int:
+        """Announce every address this host holds (``REFRESH_S``); returns how many."""
+        loop = asyncio.get_running_loop()
+        sent = 0
+        async with self._lock:
+            for node, host in sorted(self.reconciler.held.items()):
+                try:
+                    await loop.run_in_executor(None, self.mover.announce, floating_address(self.config, node, host))
+                except (MoverError, AddressRefused, OSError) as exc:
+                    log.warning("floating address not announced", extra={"node": node, "address": host,
+                                                                           "reason": str(exc)})
+                    continue
+                sent += 1
+        return sent
 
     def map_seen(self, serving: ServingMap) -> bool:
         """A new map: True when it fences the node (isolated, or quorum back after a degraded spell).

@@ -390,3 +390,34 @@ def test_a_fenced_node_does_not_announce_when_peers_come_back():
 
     asyncio.run(run())
     assert mover.calls == ["take 198.18.0.11/24"]
+
+
+def test_a_quorate_node_announces_what_it_holds_every_refresh_period_and_a_fenced_one_does_not():
+    from proxy.addresses import floating
+
+    mover = FakeMover()
+    now = [0.0]
+    shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1e9,
+                              confirm_s=0.5, mover=mover, clock=lambda: now[0])  # type: ignore[arg-type]
+    m = fleet_map({1: "p1", 2: "p1", 3: "p3"}, vacant={"p2"})
+    degraded = attrs.evolve(m, degraded=True)
+    current = [m]
+
+    async def run() -> None:
+        await shell.sync(m, draining=False)
+        held = {c.split()[1] for c in mover.calls}
+        watch = asyncio.ensure_future(shell.watch(lambda: current[0], lambda: None, asyncio.sleep))
+        now[0] = floating.REFRESH_S  # the first refresh is due
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5
+        while sum(c.startswith("announce") for c in mover.calls) < len(held) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        assert sorted(c for c in mover.calls if c.startswith("announce")) == sorted(f"announce {a}" for a in held)
+        mover.calls.clear()
+        current[0] = degraded  # without quorum: who holds what is not known, nothing is refreshed
+        now[0] = 2 * floating.REFRESH_S + 0.1
+        await asyncio.sleep(3 * floating.FENCE_TICK_S)
+        assert mover.calls == []
+        watch.cancel()
+
+    asyncio.run(run())

@@ -52,6 +52,7 @@ from proxy.logs import describe_error
 from proxy.metrics import ProxyMetrics
 from proxy.registry import ConnectionRegistry
 from proxy.rewrite import BrokerAddress, ResponseRewriter
+from proxy.sockets import create_connection_from
 from proxy.status import BrokerRow
 from proxy.takeover import floating_stand_ins, wanted_stand_ins
 from proxy.tls import HANDSHAKE_TIMEOUT_S, CertificateReloader, HandshakeFailures, TlsEndpoint, describe
@@ -355,14 +356,13 @@ class DataPath:
             try:
                 # asyncio.timeout, not wait_for: no second task per connect (a storm makes thousands).
                 async with asyncio.timeout(self.config.limits.connect_timeout_s):
+                    local = source_address(self._bind_host, address.host)
                     if tls is None:
-                        transport, _ = await loop.create_connection(
-                            lambda: UpstreamSide(pair), address.host, address.port,
-                            local_addr=source_address(self._bind_host, address.host))
+                        transport, _ = await create_connection_from(
+                            lambda: UpstreamSide(pair), address.host, address.port, local)
                     else:
-                        transport, _ = await loop.create_connection(
-                            lambda: UpstreamSide(pair), address.host, address.port,
-                            local_addr=source_address(self._bind_host, address.host),
+                        transport, _ = await create_connection_from(
+                            lambda: UpstreamSide(pair), address.host, address.port, local,
                             ssl=tls, server_hostname=address.host, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
             except (OSError, TimeoutError) as exc:
                 if tls is not None and isinstance(exc, ssl.SSLError):

@@ -26,6 +26,7 @@ import uvloop
 
 from membership.serving import ServingMap
 from proxy import logs
+from proxy.profiling import profiled
 from proxy.datapath import DataPath
 from proxy.upstream import UpstreamBroker
 from proxy.worker_wire import (
@@ -161,7 +162,7 @@ def main(argv: list[str]) -> None:
     config = setup.config
     logs.setup(config.log_level, config.log_format, setup.node_id, worker=setup.index)
     sock.setblocking(False)
-    uvloop.run(Worker(setup).serve(sock))
+    profiled(lambda: uvloop.run(Worker(setup).serve(sock)))
 
 
 if __name__ == "__main__":

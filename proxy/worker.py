@@ -15,6 +15,7 @@ data path down at once, as it does a single-process node.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -50,6 +51,8 @@ from proxy.worker_wire import (
 
 log = logging.getLogger("kproxy.worker")
 PR_SET_PDEATHSIG = 1
+# The cyclic garbage collector's thresholds once the worker serves (see settle_heap).
+GC_THRESHOLDS = (700, 10, 100)
 
 
 def die_with_parent() -> None:
@@ -60,6 +63,21 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def settle_heap() -> None:
+    """Once the worker serves: freeze what start-up made, and consider a full collection
+    ten times less often (Python's default third threshold is 10).
+
+    The data path makes next to no reference cycles (a 10,000-client storm: a few hundred
+    objects collected in all, proxy.profiling), yet every full collection walks every
+    tracked object: the ~90,000 of start-up (imports, schemas, the rewriter's tables) and
+    ~50 per connection held, 100-150 ms per pass at 5,000 connections, the loop stopped
+    meanwhile (accepts wait, queues fill). Frozen objects are never walked again; the
+    young generations are collected as before, so short-lived cycles still go at once."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def read_setup(sock: socket.socket) -> WorkerSetup:
@@ -93,6 +111,7 @@ class Worker:
         self.datapath.watch_stalls()
         if self.setup.serving is not None and self.fleet:
             self._apply(self.setup.serving, acknowledge=False)
+        settle_heap()
         self.channel.send(Ready(self.setup.index, os.getpid(), self._brokers(), self._last_version))
         loop.add_signal_handler(signal.SIGTERM, self._stopped.set)
         # Ctrl-C reaches the whole process group: the supervisor drains and then stops the workers.

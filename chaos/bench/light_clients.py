@@ -49,7 +49,6 @@ from kio.schema.metadata.v12.response import MetadataResponse
 
 from chaos.bench.frames import decode_response, make, request_frame
 from chaos.measures import percentile
-from proxy.sockets import open_connection_from
 
 _LEN = struct.Struct(">i")
 CLIENT_ID = "kproxy-light"
@@ -166,7 +165,7 @@ class LightClients:
 
     async def _open(self, client: int, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         async with asyncio.timeout(REQUEST_TIMEOUT_S):
-            return await open_connection_from(host, port, (self.sources[client % len(self.sources)], 0))
+            return await asyncio.open_connection(host, port, local_addr=(self.sources[client % len(self.sources)], 0))
 
     async def _locate(self, client: int, attempt: int, stage: list[str]) -> tuple[str, int]:
         """The address the fleet advertises now for this client's broker identity."""

@@ -38,7 +38,6 @@ from kio.schema.produce.v9.response import ProduceResponse
 from kio.static.primitive import Records, i32Timedelta
 
 from chaos.bench.frames import decode_response, make, request_frame
-from proxy.sockets import open_connection_from
 
 __all__ = ("DEFAULT_SOURCES", "LightRequests", "StormResult", "light_requests", "storm", "source_addresses")
 
@@ -161,8 +160,8 @@ class _Storm:
         writer = None
         try:
             async with asyncio.timeout(self.deadline_s):
-                reader, writer = await open_connection_from(
-                    self.host, self.port, (self.sources[index % len(self.sources)], 0))
+                reader, writer = await asyncio.open_connection(
+                    self.host, self.port, local_addr=(self.sources[index % len(self.sources)], 0))
                 self.connected.append(loop.time() - begun)
                 for correlation_id, (frame, body_type) in enumerate(
                         zip(self.requests.frames, self.requests.response_types), 1):

@@ -1,13 +1,13 @@
 """Outgoing TCP connections from a chosen source address, without the kernel's port search at bind.
 
-A node connects to its brokers from its own address (proxy.hosts.source_address), and
-the bench's load generators from theirs: ``bind((host, 0))`` then ``connect``. A
-plain ``bind`` to port 0 makes the kernel pick a free local port right away, for any
-destination, searching the port range and checking each candidate against every socket
-bound to that port; with tens of thousands of sockets open on the host (a connection
-storm: the clients, the node's upstream sockets, the brokers' side), that search was a
-third of a node worker's CPU at 10,000 clients (``perf``: ``inet_csk_get_port``,
-``inet_bhash2_conflict`` ...), and it grows with the sockets open. ``IP_BIND_ADDRESS_NO_PORT``
+A node connects to its brokers from its own address (proxy.hosts.source_address):
+``bind((host, 0))`` then ``connect``. A plain ``bind`` to port 0 makes the kernel pick a
+free local port right away, for any destination, searching the port range and checking
+each candidate against the sockets bound to that port. With tens of thousands of
+sockets open on the host (a connection storm: the clients, the node's upstream sockets,
+the brokers' side, the last storm's TIME_WAIT) that search was a third of a node
+worker's CPU at 10,000 clients and nothing at 4,000 (``perf``: ``inet_csk_get_port``,
+``inet_bhash2_conflict`` ...; BENCHMARKS.md). ``IP_BIND_ADDRESS_NO_PORT``
 (Linux 4.2+) defers the port to ``connect``, which only needs the 4-tuple to be unique
 (and may reuse a local port toward another destination). Where the option is missing
 the bind is a plain one.

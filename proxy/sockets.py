@@ -18,15 +18,18 @@ from __future__ import annotations
 import asyncio
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-__all__ = ("IP_BIND_ADDRESS_NO_PORT", "bound_socket", "create_connection_from", "open_connection_from")
+__all__ = ("IP_BIND_ADDRESS_NO_PORT", "bound_socket", "create_connection_from", "first_connection",
+           "open_connection_from")
 
 # Python defines the constant from 3.12 on; its value in Linux's <linux/in.h>.
 IP_BIND_ADDRESS_NO_PORT: int | None = getattr(socket, "IP_BIND_ADDRESS_NO_PORT",
                                               24 if sys.platform.startswith("linux") else None)
 P = TypeVar("P", bound=asyncio.BaseProtocol)
+T = TypeVar("T")
+A = TypeVar("A")
 
 
 def bound_socket(local: tuple[str, int]) -> socket.socket:
@@ -75,3 +78,37 @@ async def open_connection_from(host: str, port: int,
     except BaseException:
         sock.close()
         raise
+
+
+
+async def first_connection(connect: Callable[[A], Awaitable[T]], addresses: Sequence[A], *, timeout_s: float,
+                           timeout_retries: int, stop: Callable[[], bool],
+                           failed: Callable[[A, BaseException], None]) -> tuple[T, A] | None:
+    """The first of ``addresses`` that ``connect`` reaches within ``timeout_s``, in order; None
+    when none did, or ``stop()`` turned true between attempts. ``failed(address, error)``
+    hears of every failed attempt.
+
+    A broker whose accept queue is full drops the SYN (Kafka's is 50 deep by default: a
+    storm of reconnecting clients fills it): the kernel sends it again 1 s, then 3 s later,
+    and a 5 s timeout gives up before the fourth. A client connected to the broker
+    itself would have waited on; so when the last address left timed out, it is tried
+    again, up to ``timeout_retries`` more times, at once (a fresh SYN instead of the
+    kernel's next one, 4 s later). A refused or failed connect is not retried: the next
+    address, or None."""
+    if not addresses:
+        return None
+    last = len(addresses) - 1
+    for index, address in enumerate(addresses):
+        for attempt in range(1 + (timeout_retries if index == last else 0)):
+            if stop():
+                return None
+            try:
+                async with asyncio.timeout(timeout_s):  # not wait_for: no second task per connect
+                    return await connect(address), address
+            except TimeoutError as exc:  # the deadline, or the kernel's ETIMEDOUT
+                failed(address, exc)
+                continue
+            except OSError as exc:
+                failed(address, exc)
+                break
+    return None

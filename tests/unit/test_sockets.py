@@ -6,11 +6,18 @@ import asyncio
 import os
 import socket
 import sys
+from collections.abc import Callable
 
 import pytest
 import uvloop
 
-from proxy.sockets import IP_BIND_ADDRESS_NO_PORT, bound_socket, create_connection_from, open_connection_from
+from proxy.sockets import (
+    IP_BIND_ADDRESS_NO_PORT,
+    bound_socket,
+    create_connection_from,
+    first_connection,
+    open_connection_from,
+)
 
 pytestmark = [pytest.mark.unit]
 LINUX = sys.platform.startswith("linux")
@@ -115,3 +122,119 @@ def test_a_failed_connect_raises_and_leaves_no_socket_open() -> None:
         before = _open_descriptors()
         uvloop.run(main())
         assert _open_descriptors() <= before + 2  # the loop's own (epoll, its wakeup pipe) at most
+
+
+# ------------------------------------------------------------ first_connection
+class FakeConnects:
+    """``connect(address)`` per a script: address -> outcomes in order ("ok", "timeout", "refused")."""
+
+    def __init__(self, script: dict[str, list[str]]) -> None:
+        self.script = {a: list(o) for a, o in script.items()}
+        self.tried: list[str] = []
+
+    async def connect(self, address: str) -> str:
+        self.tried.append(address)
+        outcome = self.script[address].pop(0)
+        if outcome == "timeout":
+            await asyncio.sleep(3600)  # first_connection's own deadline ends it
+        if outcome == "refused":
+            raise ConnectionRefusedError(111, "refused")
+        return f"transport to {address}"
+
+
+def _first(fake: FakeConnects, addresses: list[str], *, retries: int = 2,
+           stop: Callable[[], bool] = lambda: False) -> tuple[object, list[tuple[str, str]]]:
+    failures: list[tuple[str, str]] = []
+    result = uvloop.run(first_connection(fake.connect, addresses, timeout_s=0.05, timeout_retries=retries,
+                                         stop=stop, failed=lambda a, e: failures.append((a, type(e).__name__))))
+    return result, failures
+
+
+def test_the_first_address_that_answers_wins() -> None:
+    fake = FakeConnects({"a": ["refused"], "b": ["ok"], "c": ["ok"]})
+    result, failures = _first(fake, ["a", "b", "c"])
+    assert result == ("transport to b", "b")
+    assert fake.tried == ["a", "b"] and failures == [("a", "ConnectionRefusedError")]
+
+
+def test_a_timeout_moves_on_while_other_addresses_are_left() -> None:
+    fake = FakeConnects({"a": ["timeout"], "b": ["ok"]})
+    result, failures = _first(fake, ["a", "b"])
+    assert result == ("transport to b", "b")
+    assert fake.tried == ["a", "b"] and failures == [("a", "TimeoutError")]
+
+
+def test_the_last_address_is_tried_again_after_timeouts_only() -> None:
+    fake = FakeConnects({"a": ["timeout", "timeout", "ok"]})
+    assert _first(fake, ["a"])[0] == ("transport to a", "a")
+    assert fake.tried == ["a", "a", "a"]
+
+    fake = FakeConnects({"a": ["timeout", "timeout", "timeout", "ok"]})
+    result, failures = _first(fake, ["a"])
+    assert result is None and fake.tried == ["a", "a", "a"]  # 1 + timeout_retries attempts, no more
+    assert failures == [("a", "TimeoutError")] * 3
+
+    fake = FakeConnects({"a": ["refused", "ok"]})
+    assert _first(fake, ["a"])[0] is None and fake.tried == ["a"]  # a refusal is an answer: no retry
+
+    fake = FakeConnects({"a": ["timeout", "ok"]})
+    assert _first(fake, ["a"], retries=0)[0] is None and fake.tried == ["a"]
+
+
+def test_no_address_or_a_stop_ends_it() -> None:
+    assert _first(FakeConnects({}), [])[0] is None
+    fake = FakeConnects({"a": ["timeout", "ok"]})
+    stops = iter([False, True])  # the client went away during the first attempt
+    assert _first(fake, ["a"], stop=lambda: next(stops))[0] is None
+    assert fake.tried == ["a"]
+
+
+def test_a_full_accept_queue_times_out_and_the_retry_gets_through() -> None:
+    """A real listener that accepts nothing: its accept queue fills, the next SYN is dropped (the
+    connect times out); once it accepts again, the retry connects."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.81", 0))
+    listener.listen(0)
+    address = listener.getsockname()
+    queued = []
+
+    async def main() -> tuple[object, list[str]]:
+        loop = asyncio.get_running_loop()
+        for _ in range(4):  # more than a backlog of 0 holds: the queue is full, later SYNs dropped
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(address)
+            except BlockingIOError:
+                pass
+            queued.append(s)
+        outcomes: list[str] = []
+
+        async def connect(addr: tuple[str, int]) -> asyncio.Transport:
+            transport, _ = await create_connection_from(asyncio.Protocol, addr[0], addr[1], ("127.0.0.82", 0))
+            return transport
+
+        def failed(_: object, exc: BaseException) -> None:
+            outcomes.append(type(exc).__name__)
+            listener.setblocking(False)
+            while True:  # the broker catches up: its queue empties
+                try:
+                    queued.append(listener.accept()[0])
+                except BlockingIOError:
+                    break
+
+        result = await first_connection(connect, [address], timeout_s=0.3, timeout_retries=2,
+                                        stop=lambda: False, failed=failed)
+        if result is not None:
+            result[0].close()
+        await asyncio.sleep(0)
+        return result, outcomes
+
+    try:
+        result, outcomes = uvloop.run(main())
+    finally:
+        for s in queued:
+            s.close()
+        listener.close()
+    assert outcomes == ["TimeoutError"]
+    assert result is not None and result[1] == address

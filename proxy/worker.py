@@ -27,8 +27,8 @@ import uvloop
 
 from membership.serving import ServingMap
 from proxy import logs
-from proxy.profiling import profiled
 from proxy.datapath import DataPath
+from proxy.profiling import profiled
 from proxy.upstream import UpstreamBroker
 from proxy.worker_wire import (
     ASK_DRAIN_ALL,
@@ -69,11 +69,11 @@ def settle_heap() -> None:
     """Once the worker serves: freeze what start-up made, and consider a full collection
     ten times less often (Python's default third threshold is 10).
 
-    The data path makes next to no reference cycles (a 10,000-client storm: a few hundred
-    objects collected in all, proxy.profiling), yet every full collection walks every
+    The data path makes no reference cycles to speak of (in a 10,000-client storm the
+    collector found nothing; proxy.profiling), yet every full collection walks every
     tracked object: the ~90,000 of start-up (imports, schemas, the rewriter's tables) and
-    ~50 per connection held, 100-150 ms per pass at 5,000 connections, the loop stopped
-    meanwhile (accepts wait, queues fill). Frozen objects are never walked again; the
+    those of every connection held, 70-150 ms per pass at 5,000 connections, the loop
+    stopped meanwhile (accepts wait, queues fill). Frozen objects are never walked again; the
     young generations are collected as before, so short-lived cycles still go at once."""
     gc.collect()
     gc.freeze()

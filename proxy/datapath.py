@@ -40,7 +40,7 @@ from proxy.addresses.config import NONE as NO_MOVER
 from proxy.addresses.floating import FloatingAddresses
 from proxy.addresses.tickle import ClientPair
 from proxy.advertised import AdvertisedAddresses
-from proxy.config import Config, proxy_node
+from proxy.config import Config, HostPort, proxy_node
 from proxy.connection import Pair, UpstreamSide
 from proxy.discovery import BrokerDiscovery
 from proxy.drain import CloseListeners, DrainAt, DrainConnections, NodeDrain, Rebind
@@ -52,6 +52,7 @@ from proxy.logs import describe_error
 from proxy.metrics import ProxyMetrics
 from proxy.registry import ConnectionRegistry
 from proxy.rewrite import BrokerAddress, ResponseRewriter
+from proxy.sockets import create_connection_from, first_connection
 from proxy.status import BrokerRow
 from proxy.takeover import floating_stand_ins, wanted_stand_ins
 from proxy.tls import HANDSHAKE_TIMEOUT_S, CertificateReloader, HandshakeFailures, TlsEndpoint, describe
@@ -60,6 +61,9 @@ from proxy.upstream import PLAINTEXT, UpstreamBroker, UpstreamSecurity
 
 log = logging.getLogger("kproxy.proxy")
 FETCH = 1
+# A broker connect that timed out is tried again this often (proxy.sockets.first_connection):
+# a broker's full accept queue drops SYNs in a storm; its clients would have waited on.
+UPSTREAM_TIMEOUT_RETRIES = 2
 
 
 @attrs.frozen
@@ -349,48 +353,51 @@ class DataPath:
     async def _connect_upstream(self, pair: Pair) -> None:
         loop = asyncio.get_running_loop()
         errors = []
-        security = self.upstream_security
-        tls = security.tls
+        tls = self.upstream_security.tls
         if tls is not None:
             pair.tls = True  # before UpstreamSide is made: it decides on splicing
-        for address in self.discovery.upstream_for(pair.listener):
-            if pair.closed:
-                return
-            try:
-                # asyncio.timeout, not wait_for: no second task per connect (a storm makes thousands).
-                async with asyncio.timeout(self.config.limits.connect_timeout_s):
-                    if tls is None:
-                        transport, _ = await loop.create_connection(
-                            lambda: UpstreamSide(pair), address.host, address.port,
-                            local_addr=source_address(self._bind_host, address.host))
-                    else:
-                        transport, _ = await loop.create_connection(
-                            lambda: UpstreamSide(pair), address.host, address.port,
-                            local_addr=source_address(self._bind_host, address.host),
-                            ssl=tls, server_hostname=address.host, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
-            except (OSError, TimeoutError) as exc:
-                if tls is not None and isinstance(exc, ssl.SSLError):
-                    reason = self.tls_failures.failed("broker", exc)
-                    log.warning("TLS handshake with a broker failed", extra={
-                        "broker": f"{address}", "reason": reason, "error": describe(exc)})
-                errors.append(f"{address}: {describe_error(exc)}")
-                continue
-            if pair.closed:
-                transport.close()
-                return
-            pair.upstream = transport  # type: ignore[assignment]
-            pair.upstream_addr = address
-            if pair._pending:
-                transport.writelines(pair._pending)  # type: ignore[attr-defined]
-                pair._pending.clear()
-            assert pair.client is not None
-            pair.client.resume_reading()
-            for action in self.node_drain.connected(loop.time()):
-                assert isinstance(action, DrainAt)
-                loop.call_at(action.at, self.registry.start_drain, pair)
+
+        async def connect(address: HostPort) -> asyncio.Transport:
+            local = source_address(self._bind_host, address.host)
+            if tls is None:
+                transport, _ = await create_connection_from(lambda: UpstreamSide(pair), address.host, address.port,
+                                                            local)
+            else:
+                transport, _ = await create_connection_from(
+                    lambda: UpstreamSide(pair), address.host, address.port, local,
+                    ssl=tls, server_hostname=address.host, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
+            return transport
+
+        def failed(address: HostPort, exc: BaseException) -> None:
+            if tls is not None and isinstance(exc, ssl.SSLError):
+                reason = self.tls_failures.failed("broker", exc)
+                log.warning("TLS handshake with a broker failed", extra={
+                    "broker": f"{address}", "reason": reason, "error": describe(exc)})
+            errors.append(f"{address}: {describe_error(exc)}")
+
+        reached = await first_connection(connect, self.discovery.upstream_for(pair.listener),
+                                         timeout_s=self.config.limits.connect_timeout_s,
+                                         timeout_retries=UPSTREAM_TIMEOUT_RETRIES, stop=lambda: pair.closed,
+                                         failed=failed)
+        if reached is None:
+            if not pair.closed:
+                self.metrics.upstream_errors.labels(self.node.id).inc()
+                pair.close(f"no upstream reachable: {'; '.join(errors) or 'broker unknown'}", level=logging.WARNING)
             return
-        self.metrics.upstream_errors.labels(self.node.id).inc()
-        pair.close(f"no upstream reachable: {'; '.join(errors) or 'broker unknown'}", level=logging.WARNING)
+        transport, address = reached
+        if pair.closed:
+            transport.close()
+            return
+        pair.upstream = transport
+        pair.upstream_addr = address
+        if pair._pending:
+            transport.writelines(pair._pending)
+            pair._pending.clear()
+        assert pair.client is not None
+        pair.client.resume_reading()
+        for action in self.node_drain.connected(loop.time()):
+            assert isinstance(action, DrainAt)
+            loop.call_at(action.at, self.registry.start_drain, pair)
 
     async def _unstall(self, pair: Pair, stalled: UnknownBroker) -> None:
         """A response named a broker we have no listener for: learn it, bind, resume."""

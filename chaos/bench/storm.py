@@ -158,13 +158,20 @@ def node_processes(pid: int) -> list[psutil.Process]:
 
 
 def tree_cpu_s(procs: list[psutil.Process]) -> float:
-    total = 0.0
+    return sum(tree_cpu_split_s(procs))
+
+
+def tree_cpu_split_s(procs: list[psutil.Process]) -> tuple[float, float]:
+    """(user, system) CPU seconds of the processes, added up."""
+    user = system = 0.0
     for proc in procs:
         try:
-            total += sum(proc.cpu_times()[:2])
+            times = proc.cpu_times()
         except psutil.Error:  # gone meanwhile
             continue
-    return total
+        user += times.user
+        system += times.system
+    return user, system
 
 
 def tree_rss(procs: list[psutil.Process]) -> int:
@@ -199,6 +206,7 @@ class _StormBench:
         self.refused: dict[str, float] = {}  # the node's refusals over the last proxied storm, by reason
         self.overflows: int | None = None  # listen overflows during the last storm (any listener)
         self.cpu_ms_per_connection = 0.0  # the node's CPU over the last proxied storm, per client
+        self.system_cpu_ms_per_connection = 0.0  # the kernel's part of it (system time)
 
     def start_brokers(self) -> None:
         self.progress("starting a local 3-broker Kafka")
@@ -257,9 +265,11 @@ class _StormBench:
 
             label = f" (listen_backlog {listen_backlog})" if listen_backlog is not None else ""
             self.progress(f"{clients} clients at once, through kproxy{label} (W = {self.workers})")
-            cpu_before = tree_cpu_s(procs)
+            user_before, system_before = tree_cpu_split_s(procs)
             result = self._storm(host, port, clients, hold)
-            self.cpu_ms_per_connection = (tree_cpu_s(procs) - cpu_before) * 1000 / clients
+            user_after, system_after = tree_cpu_split_s(procs)
+            self.cpu_ms_per_connection = (user_after + system_after - user_before - system_before) * 1000 / clients
+            self.system_cpu_ms_per_connection = (system_after - system_before) * 1000 / clients
             self.refused = {reason: n - refused_before.get(reason, 0.0) for reason, n in _refused(node).items()}
             rss_per_connection = (held["rss"] - rss_before) / clients
             return result, rss_per_connection, int(held["connections"])
@@ -339,6 +349,7 @@ def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = Non
                 row = _row(n, direct, proxied, rss, held)
                 row["direct_listen_overflows"], row["proxy_listen_overflows"] = direct_overflows, bench.overflows
                 row["proxy_cpu_ms_per_connection"] = round(bench.cpu_ms_per_connection, 3)
+                row["proxy_system_cpu_ms_per_connection"] = round(bench.system_cpu_ms_per_connection, 3)
                 row["proxy_refused"] = bench.refused
                 if backlog is not None:
                     other, other_rss, _ = bench.proxy(n, backlog)

@@ -1,0 +1,114 @@
+"""Outgoing TCP connections from a chosen source address, without the kernel's port search at bind.
+
+A node connects to its brokers from its own address (proxy.hosts.source_address):
+``bind((host, 0))`` then ``connect``. A plain ``bind`` to port 0 makes the kernel pick a
+free local port right away, for any destination, searching the port range and checking
+each candidate against the sockets bound to that port. With tens of thousands of
+sockets open on the host (a connection storm: the clients, the node's upstream sockets,
+the brokers' side, the last storm's TIME_WAIT) that search was a third of a node
+worker's CPU at 10,000 clients and nothing at 4,000 (``perf``: ``inet_csk_get_port``,
+``inet_bhash2_conflict`` ...; BENCHMARKS.md). ``IP_BIND_ADDRESS_NO_PORT``
+(Linux 4.2+) defers the port to ``connect``, which only needs the 4-tuple to be unique
+(and may reuse a local port toward another destination). Where the option is missing
+the bind is a plain one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+
+__all__ = ("IP_BIND_ADDRESS_NO_PORT", "bound_socket", "create_connection_from", "first_connection",
+           "open_connection_from")
+
+# Python defines the constant from 3.12 on; its value in Linux's <linux/in.h>.
+IP_BIND_ADDRESS_NO_PORT: int | None = getattr(socket, "IP_BIND_ADDRESS_NO_PORT",
+                                              24 if sys.platform.startswith("linux") else None)
+P = TypeVar("P", bound=asyncio.BaseProtocol)
+T = TypeVar("T")
+A = TypeVar("A")
+
+
+def bound_socket(local: tuple[str, int]) -> socket.socket:
+    """A non-blocking TCP socket bound to ``local`` (host, port); with port 0 the port is
+    chosen at connect (``IP_BIND_ADDRESS_NO_PORT``, see the module doc)."""
+    family = socket.AF_INET6 if ":" in local[0] else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setblocking(False)
+        if local[1] == 0 and IP_BIND_ADDRESS_NO_PORT is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, 1)
+            except OSError:  # not this kernel or family: a plain bind
+                pass
+        sock.bind(local)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def create_connection_from(factory: Callable[[], P], host: str, port: int, local: tuple[str, int] | None,
+                                 **kwargs: Any) -> tuple[asyncio.Transport, P]:
+    """``loop.create_connection(factory, host, port, local_addr=local, **kwargs)``, with the
+    source port chosen at connect (see the module doc). ``kwargs``: ``ssl``,
+    ``server_hostname``, ``ssl_handshake_timeout``."""
+    loop = asyncio.get_running_loop()
+    if local is None:
+        return await loop.create_connection(factory, host, port, **kwargs)  # type: ignore[return-value]
+    sock = bound_socket(local)
+    try:
+        await loop.sock_connect(sock, (host, port))
+        return await loop.create_connection(factory, sock=sock, **kwargs)  # type: ignore[return-value]
+    except BaseException:
+        sock.close()
+        raise
+
+
+async def open_connection_from(host: str, port: int,
+                               local: tuple[str, int]) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """``asyncio.open_connection(host, port, local_addr=local)``, the source port chosen at connect."""
+    sock = bound_socket(local)
+    try:
+        await asyncio.get_running_loop().sock_connect(sock, (host, port))
+        return await asyncio.open_connection(sock=sock)
+    except BaseException:
+        sock.close()
+        raise
+
+
+
+async def first_connection(connect: Callable[[A], Awaitable[T]], addresses: Sequence[A], *, timeout_s: float,
+                           timeout_retries: int, stop: Callable[[], bool],
+                           failed: Callable[[A, BaseException], None]) -> tuple[T, A] | None:
+    """The first of ``addresses`` that ``connect`` reaches within ``timeout_s``, in order; None
+    when none did, or ``stop()`` turned true between attempts. ``failed(address, error)``
+    hears of every failed attempt.
+
+    A broker whose accept queue is full drops the SYN (Kafka's is 50 deep by default: a
+    storm of reconnecting clients fills it): the kernel sends it again 1 s, then 3 s later,
+    and a 5 s timeout gives up before the fourth. A client connected to the broker
+    itself would have waited on; so when the last address left timed out, it is tried
+    again, up to ``timeout_retries`` more times, at once (a fresh SYN instead of the
+    kernel's next one, 4 s later). A refused or failed connect is not retried: the next
+    address, or None."""
+    if not addresses:
+        return None
+    last = len(addresses) - 1
+    for index, address in enumerate(addresses):
+        for attempt in range(1 + (timeout_retries if index == last else 0)):
+            if stop():
+                return None
+            try:
+                async with asyncio.timeout(timeout_s):  # not wait_for: no second task per connect
+                    return await connect(address), address
+            except TimeoutError as exc:  # the deadline, or the kernel's ETIMEDOUT
+                failed(address, exc)
+                continue
+            except OSError as exc:
+                failed(address, exc)
+                break
+    return None

@@ -1,0 +1,240 @@
+"""proxy.sockets: connections leave from the source address asked for, the port chosen at connect."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from collections.abc import Callable
+
+import pytest
+import uvloop
+
+from proxy.sockets import (
+    IP_BIND_ADDRESS_NO_PORT,
+    bound_socket,
+    create_connection_from,
+    first_connection,
+    open_connection_from,
+)
+
+pytestmark = [pytest.mark.unit]
+LINUX = sys.platform.startswith("linux")
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not LINUX, reason="IP_BIND_ADDRESS_NO_PORT is Linux's")
+def test_bound_socket_defers_the_port_to_connect() -> None:
+    sock = bound_socket(("127.0.0.77", 0))
+    try:
+        assert sock.getsockname() == ("127.0.0.77", 0)  # bound to the address, no port taken yet
+        assert IP_BIND_ADDRESS_NO_PORT is not None
+        assert sock.getsockopt(socket.IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT) == 1
+        assert not sock.getblocking()
+    finally:
+        sock.close()
+
+
+def test_a_given_port_is_bound_at_once() -> None:
+    with socket.socket() as probe:  # a free port on that address
+        probe.bind(("127.0.0.77", 0))
+        port = probe.getsockname()[1]
+    sock = bound_socket(("127.0.0.77", port))
+    try:
+        assert sock.getsockname() == ("127.0.0.77", port)
+    finally:
+        sock.close()
+
+
+async def _echo_server() -> tuple[asyncio.AbstractServer, int, list[tuple[str, int]]]:
+    peers: list[tuple[str, int]] = []
+
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peers.append(writer.get_extra_info("peername"))
+        writer.write(await reader.readexactly(5))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1], peers
+
+
+def test_streams_connect_from_the_source_address() -> None:
+    async def main() -> tuple[tuple[str, int], bytes, list[tuple[str, int]], int]:
+        server, port, peers = await _echo_server()
+        async with server:
+            reader, writer = await open_connection_from("127.0.0.1", port, ("127.0.0.78", 0))
+            local = writer.get_extra_info("sockname")
+            nodelay = writer.get_extra_info("socket").getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+            writer.write(b"hello")
+            echoed = await reader.readexactly(5)
+            writer.close()
+            return local, echoed, peers, nodelay
+
+    local, echoed, peers, nodelay = uvloop.run(main())
+    assert local[0] == "127.0.0.78" and local[1] != 0
+    assert peers == [local]  # the server saw the connection come from there
+    assert echoed == b"hello"
+    assert nodelay  # as create_connection's own sockets: requests are not held back (Nagle)
+
+
+def test_protocol_connection_from_the_source_address_and_without_one() -> None:
+    class Collect(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.data = b""
+            self.done = asyncio.get_running_loop().create_future()
+
+        def data_received(self, data: bytes) -> None:
+            self.data += data
+            if len(self.data) == 5:
+                self.done.set_result(self.data)
+
+    async def main() -> list[tuple[str, bytes]]:
+        server, port, _ = await _echo_server()
+        out = []
+        async with server:
+            for local in (("127.0.0.79", 0), None):
+                transport, protocol = await create_connection_from(Collect, "127.0.0.1", port, local)
+                transport.write(b"abcde")
+                out.append((transport.get_extra_info("sockname")[0], await protocol.done))
+                transport.close()
+        return out
+
+    assert uvloop.run(main()) == [("127.0.0.79", b"abcde"), ("127.0.0.1", b"abcde")]
+
+
+def test_a_failed_connect_raises_and_leaves_no_socket_open() -> None:
+    with socket.socket() as closed_port:  # bound, never listening: a connect to it is refused
+        closed_port.bind(("127.0.0.1", 0))
+        port = closed_port.getsockname()[1]
+
+        async def main() -> None:
+            for _ in range(20):
+                with pytest.raises(ConnectionRefusedError):
+                    await create_connection_from(asyncio.Protocol, "127.0.0.1", port, ("127.0.0.80", 0))
+                with pytest.raises(ConnectionRefusedError):
+                    await open_connection_from("127.0.0.1", port, ("127.0.0.80", 0))
+
+        before = _open_descriptors()
+        uvloop.run(main())
+        assert _open_descriptors() <= before + 2  # the loop's own (epoll, its wakeup pipe) at most
+
+
+# ------------------------------------------------------------ first_connection
+class FakeConnects:
+    """``connect(address)`` per a script: address -> outcomes in order ("ok", "timeout", "refused")."""
+
+    def __init__(self, script: dict[str, list[str]]) -> None:
+        self.script = {a: list(o) for a, o in script.items()}
+        self.tried: list[str] = []
+
+    async def connect(self, address: str) -> str:
+        self.tried.append(address)
+        outcome = self.script[address].pop(0)
+        if outcome == "timeout":
+            await asyncio.sleep(3600)  # first_connection's own deadline ends it
+        if outcome == "refused":
+            raise ConnectionRefusedError(111, "refused")
+        return f"transport to {address}"
+
+
+def _first(fake: FakeConnects, addresses: list[str], *, retries: int = 2,
+           stop: Callable[[], bool] = lambda: False) -> tuple[object, list[tuple[str, str]]]:
+    failures: list[tuple[str, str]] = []
+    result = uvloop.run(first_connection(fake.connect, addresses, timeout_s=0.05, timeout_retries=retries,
+                                         stop=stop, failed=lambda a, e: failures.append((a, type(e).__name__))))
+    return result, failures
+
+
+def test_the_first_address_that_answers_wins() -> None:
+    fake = FakeConnects({"a": ["refused"], "b": ["ok"], "c": ["ok"]})
+    result, failures = _first(fake, ["a", "b", "c"])
+    assert result == ("transport to b", "b")
+    assert fake.tried == ["a", "b"] and failures == [("a", "ConnectionRefusedError")]
+
+
+def test_a_timeout_moves_on_while_other_addresses_are_left() -> None:
+    fake = FakeConnects({"a": ["timeout"], "b": ["ok"]})
+    result, failures = _first(fake, ["a", "b"])
+    assert result == ("transport to b", "b")
+    assert fake.tried == ["a", "b"] and failures == [("a", "TimeoutError")]
+
+
+def test_the_last_address_is_tried_again_after_timeouts_only() -> None:
+    fake = FakeConnects({"a": ["timeout", "timeout", "ok"]})
+    assert _first(fake, ["a"])[0] == ("transport to a", "a")
+    assert fake.tried == ["a", "a", "a"]
+
+    fake = FakeConnects({"a": ["timeout", "timeout", "timeout", "ok"]})
+    result, failures = _first(fake, ["a"])
+    assert result is None and fake.tried == ["a", "a", "a"]  # 1 + timeout_retries attempts, no more
+    assert failures == [("a", "TimeoutError")] * 3
+
+    fake = FakeConnects({"a": ["refused", "ok"]})
+    assert _first(fake, ["a"])[0] is None and fake.tried == ["a"]  # a refusal is an answer: no retry
+
+    fake = FakeConnects({"a": ["timeout", "ok"]})
+    assert _first(fake, ["a"], retries=0)[0] is None and fake.tried == ["a"]
+
+
+def test_no_address_or_a_stop_ends_it() -> None:
+    assert _first(FakeConnects({}), [])[0] is None
+    fake = FakeConnects({"a": ["timeout", "ok"]})
+    stops = iter([False, True])  # the client went away during the first attempt
+    assert _first(fake, ["a"], stop=lambda: next(stops))[0] is None
+    assert fake.tried == ["a"]
+
+
+def test_a_full_accept_queue_times_out_and_the_retry_gets_through() -> None:
+    """A real listener that accepts nothing: its accept queue fills, the next SYN is dropped (the
+    connect times out); once it accepts again, the retry connects."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.81", 0))
+    listener.listen(0)
+    address = listener.getsockname()
+    queued = []
+
+    async def main() -> tuple[object, list[str]]:
+        loop = asyncio.get_running_loop()
+        for _ in range(4):  # more than a backlog of 0 holds: the queue is full, later SYNs dropped
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(address)
+            except BlockingIOError:
+                pass
+            queued.append(s)
+        outcomes: list[str] = []
+
+        async def connect(addr: tuple[str, int]) -> asyncio.Transport:
+            transport, _ = await create_connection_from(asyncio.Protocol, addr[0], addr[1], ("127.0.0.82", 0))
+            return transport
+
+        def failed(_: object, exc: BaseException) -> None:
+            outcomes.append(type(exc).__name__)
+            listener.setblocking(False)
+            while True:  # the broker catches up: its queue empties
+                try:
+                    queued.append(listener.accept()[0])
+                except BlockingIOError:
+                    break
+
+        result = await first_connection(connect, [address], timeout_s=0.3, timeout_retries=2,
+                                        stop=lambda: False, failed=failed)
+        if result is not None:
+            result[0].close()
+        await asyncio.sleep(0)
+        return result, outcomes
+
+    try:
+        result, outcomes = uvloop.run(main())
+    finally:
+        for s in queued:
+            s.close()
+        listener.close()
+    assert outcomes == ["TimeoutError"]
+    assert result is not None and result[1] == address

@@ -111,7 +111,11 @@ def test_kproxy_run_is_not_ready_while_a_listener_cannot_bind(kafka_cluster, tmp
     blocker.listen()
     node = NodeProcess(cfg, "p1", host, admin_port, tmp_path / "p1.log").start()
     try:
-        _wait_readyz(node, 503)
+        _wait_readyz(node, 503)  # also before the first discovery: wait for the failed bind itself
+        from tests import waiting
+
+        waiting.wait_until("the blocked listener reported unbound",
+                           lambda: node.get("/status").json()["unbound"] == [blocked], DEADLINE_S)
         status = node.get("/status").json()
         assert status["unbound"] == [blocked] and status["ready"] is False
         assert "listener bind failed" in node.log_path.read_text()

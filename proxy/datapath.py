@@ -54,10 +54,11 @@ from proxy.registry import ConnectionRegistry
 from proxy.rewrite import BrokerAddress, ResponseRewriter
 from proxy.sockets import create_connection_from, first_connection
 from proxy.status import BrokerRow
-from proxy.takeover import floating_stand_ins, wanted_stand_ins
+from proxy.takeover import REMOVED_STAND_IN_S, floating_stand_ins, removed_stand_ins, wanted_stand_ins
 from proxy.tls import HANDSHAKE_TIMEOUT_S, CertificateReloader, HandshakeFailures, TlsEndpoint, describe
 from proxy.tls import listener_context, upstream_context
 from proxy.upstream import PLAINTEXT, UpstreamBroker, UpstreamSecurity
+from topology import ProxyNode
 
 log = logging.getLogger("kproxy.proxy")
 FETCH = 1
@@ -102,6 +103,7 @@ class DataPath:
         # Address takeover (fleet only): listeners on the addresses of vacant nodes.
         self.takeover_enabled = fleet and config.fleet is not None and config.fleet.address_takeover
         self.floating = self._floating(config, node_id, fleet)
+        self._removed: dict[str, tuple[ProxyNode, float]] = {}  # node id -> (node, stand in until)
         if self.floating is not None:
             self.floating.before_release = self._vacate
         self.node_drain = NodeDrain(self.takeover_enabled)
@@ -263,6 +265,7 @@ class DataPath:
         map says (fleet), and stand in as it says. Returns connections drained."""
         me = self.node.id
         old = self.advertised.serving
+        self._note_removed(old, serving)
         moved_away = old.owned_by(me) - serving.owned_by(me)
         self.advertised.apply(serving)
         self._owners = serving.owner_map()
@@ -283,6 +286,29 @@ class DataPath:
             self.registry.spawn(self._sync_takeover())
         return drained
 
+    def _note_removed(self, old: ServingMap, new: ServingMap) -> None:
+        """Nodes the new map no longer has: stood in for at their old address for
+        ``REMOVED_STAND_IN_S`` (loopback stand-ins only; proxy.takeover.removed_stand_ins)."""
+        if not self.fleet or self.floating is not None:
+            return
+        now = time.monotonic()
+        for n in old.nodes:
+            if n.id != self.node.id and new.node(n.id) is None:
+                self._removed[n.id] = (n, now + REMOVED_STAND_IN_S)
+                try:  # to give the address up once the time is over
+                    asyncio.get_running_loop().call_later(REMOVED_STAND_IN_S + 0.1,
+                                                          lambda: self.registry.spawn(self._sync_takeover()))
+                except RuntimeError:
+                    pass  # no loop (a map applied before serving): the next map's sync gives it up
+        for node_id in [i for i in self._removed if new.node(i) is not None]:
+            del self._removed[node_id]  # added back: its own node serves there
+
+    def _recently_removed(self) -> list[ProxyNode]:
+        now = time.monotonic()
+        for node_id in [i for i, (_, until) in self._removed.items() if until <= now]:
+            del self._removed[node_id]
+        return [n for n, _ in self._removed.values()]
+
     def _bound_changed(self, bound: frozenset[int]) -> None:
         self.advertised.set_bound(bound)
         if not self.fleet:
@@ -294,7 +320,9 @@ class DataPath:
 
     async def _sync_takeover(self) -> None:
         if self.floating is None:
-            wanted = wanted_stand_ins(self.serving, self.node.id, self.listeners.bound, draining=self.draining)
+            wanted = (*wanted_stand_ins(self.serving, self.node.id, self.listeners.bound, draining=self.draining),
+                      *removed_stand_ins(self.serving, self.node.id, self.listeners.bound, self._recently_removed(),
+                                         draining=self.draining))
         else:
             held = await self.floating.sync(self.serving, draining=self.draining)
             wanted = () if self.draining else floating_stand_ins(self.serving, self.node.id, self.listeners.bound,

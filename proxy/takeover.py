@@ -22,7 +22,8 @@ from collections.abc import Iterable
 
 import attrs
 
-from membership.serving import BOOTSTRAP, ServingMap, StandIn
+from membership.serving import BOOTSTRAP, ServingMap, StandIn, stand_in_duties
+from topology import ProxyNode
 
 #: (vacant node id, listener: BOOTSTRAP or a broker id)
 TakeoverKey = tuple[str, int]
@@ -48,6 +49,27 @@ def wanted_stand_ins(serving: ServingMap, node_id: str, bound: Iterable[int], *,
         return ()
     here = set(bound)
     return tuple(s for s in serving.stand_ins_of(node_id) if s.listener == BOOTSTRAP or s.listener in here)
+
+
+# A node removed from the fleet is stood in for this long at its old address (loopback
+# stand-ins, the `none` mover): a client may keep an identity's old address while the identity
+# id stays the same (librdkafka's group coordinator reconnects to the address it was given,
+# whatever later Metadata says), and would be refused there forever once the node is gone.
+REMOVED_STAND_IN_S = 300.0
+
+
+def removed_stand_ins(serving: ServingMap, node_id: str, bound: Iterable[int], removed: Iterable[ProxyNode], *,
+                      draining: bool) -> tuple[StandIn, ...]:
+    """The stand-ins ``node_id`` should hold at the addresses of recently ``removed`` nodes:
+    the same duties as for a vacant node (its bootstrap port and the ports of the identities
+    this node owns), none while it drains."""
+    gone = [n for n in removed if serving.node(n.id) is None and n.id != node_id]
+    if draining or not gone:
+        return ()
+    duties = stand_in_duties(serving.owner_map(), [*serving.nodes, *gone], {n.id for n in gone},
+                             idle=serving.vacant | serving.draining)
+    here = set(bound)
+    return tuple(s for s in duties if s.node == node_id and (s.listener == BOOTSTRAP or s.listener in here))
 
 
 class TakeoverReconciler:

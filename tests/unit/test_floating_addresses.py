@@ -421,3 +421,19 @@ def test_a_quorate_node_announces_what_it_holds_every_refresh_period_and_a_fence
         watch.cancel()
 
     asyncio.run(run())
+
+
+def test_a_removed_nodes_address_is_stood_in_for_like_a_vacant_ones():
+    """p3 left the fleet: p1 stands in on p3's bootstrap port and on p3's port of the identity
+    p1 owns (a client keeping identity 1's old address is still served); p2 on its own."""
+    from proxy.takeover import removed_stand_ins
+
+    p3 = next(n for n in NODES if n.id == "p3")
+    m = attrs.evolve(fleet_map({1: "p1", 2: "p2", 3: "p2"}), nodes=tuple(n for n in NODES if n.id != "p3"))
+    mine = removed_stand_ins(m, "p1", {1, 2, 3}, [p3], draining=False)
+    assert {(s.vacant, s.listener, s.host, s.port) for s in mine} == {
+        ("p3", BOOTSTRAP, p3.host, p3.bootstrap_port), ("p3", 1, p3.host, p3.ports.port_for(1))}
+    assert {s.listener for s in removed_stand_ins(m, "p2", {1, 2, 3}, [p3], draining=False)} == {BOOTSTRAP, 2, 3}
+    assert removed_stand_ins(m, "p1", {1, 2, 3}, [p3], draining=True) == ()
+    back = fleet_map({1: "p1", 2: "p2", 3: "p3"})  # added back: its own node serves there
+    assert removed_stand_ins(back, "p1", {1, 2, 3}, [p3], draining=False) == ()

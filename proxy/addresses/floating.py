@@ -118,7 +118,6 @@ class FloatingAddresses:
     async def _announce_again(self, action: TakeAddress, address: FloatingAddress,
                               at_times: tuple[float, ...] = ANNOUNCE_AGAIN_S) -> None:
         """Announce a held address again at ``at_times`` (seconds from now) while this host holds it."""
-        loop = asyncio.get_running_loop()
         waited = 0.0
         for at in at_times:
             await asyncio.sleep(at - waited)
@@ -126,12 +125,19 @@ class FloatingAddresses:
             async with self._lock:  # not while a sync takes or releases it
                 if self.reconciler.held.get(action.node) != action.host:
                     return  # given back meanwhile
-                try:
-                    await loop.run_in_executor(None, self.mover.announce, address)
-                except (MoverError, AddressRefused, OSError) as exc:
-                    log.warning("floating address not announced again", extra={
-                        "node": action.node, "address": action.host, "reason": str(exc)})
+                if not await self._announce(address):
                     return
+
+    async def _announce(self, address: FloatingAddress) -> bool:
+        """One gratuitous ARP round for a held ``address`` (the caller holds the lock);
+        False, logged, when the mover failed."""
+        try:
+            await asyncio.get_running_loop().run_in_executor(None, self.mover.announce, address)
+        except (MoverError, AddressRefused, OSError) as exc:
+            log.warning("floating address not announced", extra={
+                "node": address.node, "address": str(address.ip), "reason": str(exc)})
+            return False
+        return True
 
     async def _tickle(self, action: TakeAddress) -> None:
         """Reset the silent clients of the node whose address was just taken (tickle ACKs)."""
@@ -178,17 +184,10 @@ class FloatingAddresses:
 
     async def refresh(self) -> int:
         """Announce every address this host holds (``REFRESH_S``); returns how many."""
-        loop = asyncio.get_running_loop()
         sent = 0
         async with self._lock:
             for node, host in sorted(self.reconciler.held.items()):
-                try:
-                    await loop.run_in_executor(None, self.mover.announce, floating_address(self.config, node, host))
-                except (MoverError, AddressRefused, OSError) as exc:
-                    log.warning("floating address not announced", extra={"node": node, "address": host,
-                                                                           "reason": str(exc)})
-                    continue
-                sent += 1
+                sent += await self._announce(floating_address(self.config, node, host))
         return sent
 
     def map_seen(self, serving: ServingMap) -> bool:

@@ -21,7 +21,7 @@ from pysyncobj.version import VERSION
 
 from membership.commands import Drain
 from membership.config import MemberConfig, MemberSpec
-from membership.raft import MIN_WAIT_S, PINNED_PYSYNCOBJ, RaftReplica, bind_outgoing
+from membership.raft import BACKSTOP_SPREAD, MIN_WAIT_S, PINNED_PYSYNCOBJ, RaftReplica, bind_outgoing
 from tests.integration.test_raft import free_port
 from tests.integration.test_raft_inprocess import wait_until
 from topology import ProxyNode
@@ -39,6 +39,13 @@ def test_pysyncobj_is_the_pinned_version():
         "re-check every private access in membership/raft.py"
     )
     assert pysyncobj.SyncObj is not None
+
+
+def election_wait(config: MemberConfig) -> float:
+    """How long bare replicas (no Member hastening them) may take to elect a leader: pysyncobj's
+    own timer, the backstop, draws 3-4.5 s, and a split vote costs another draw; three draws
+    (the 10 s default failed once in CI with a wrong-password third member beside the pair)."""
+    return 3 * config.raft_backstop_timeout * BACKSTOP_SPREAD
 
 
 def _destroy(raft: RaftReplica) -> None:
@@ -69,7 +76,8 @@ def pair():
 
 def test_role_leader_address_and_links_kept_open(pair):
     configs, rafts = pair
-    wait_until("one leader", lambda: sorted(r.role() for r in rafts.values()) == ["follower", "leader"])
+    wait_until("one leader", lambda: sorted(r.role() for r in rafts.values()) == ["follower", "leader"],
+               timeout=election_wait(configs["a"]))
     leader = next(p for p, r in rafts.items() if r.role() == "leader")
     follower = next(p for p in rafts if p != leader)
     address = configs[leader].me.raft_address
@@ -107,7 +115,8 @@ def test_hasten_election_moves_the_deadline_earlier_only():
     try:
         for r in rafts.values():
             r.waitBinded()
-        wait_until("one leader", lambda: sorted(r.role() for r in rafts.values()) == ["follower", "follower", "leader"])
+        wait_until("one leader", lambda: sorted(r.role() for r in rafts.values()) == ["follower", "follower", "leader"],
+                   timeout=election_wait(configs["a"]))
         leader = next(p for p, r in rafts.items() if r.role() == "leader")
         eager, other = sorted(p for p in rafts if p != leader)
         rafts[eager].hasten_election(1000.0)  # later than the current deadline: no effect
@@ -121,7 +130,8 @@ def test_hasten_election_moves_the_deadline_earlier_only():
         # Due now (MIN_WAIT_S ahead, so that the tick thread's wait ends at it), unless the tick
         # thread already acted on it (then it stands for election or leads).
         assert (hastened is not None and hastened <= MIN_WAIT_S) or rafts[eager].role() != "follower", (natural, hastened)
-        wait_until("a new leader", lambda: sorted(r.role() for r in rafts.values()) == ["follower", "leader"])
+        wait_until("a new leader", lambda: sorted(r.role() for r in rafts.values()) == ["follower", "leader"],
+                   timeout=election_wait(configs["a"]))
         new_leader = next(p for p, r in rafts.items() if r.role() == "leader")
         follower = other if new_leader == eager else eager
         wait_until("the other follows it",

@@ -39,7 +39,7 @@ What it decides:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -176,6 +176,19 @@ def _emit(now: float, event: str, **fields: Any) -> Emit:
     return Emit(now, event, tuple(fields.items()))
 
 
+
+def majority_heard_at(heard_at: Mapping[ProxyId, float], members: Collection[ProxyId], self_id: ProxyId) -> float | None:
+    """The last time this node and a majority of ``members`` had all been heard from: the
+    arrival of the datagram that completed it (None if they never were). Once the majority is
+    gone no leader can be elected until peers come back, so waiting for one is pointless; a
+    peer cut off from every other one fences itself ``suspect_timeout`` after it last heard
+    them (membership.liveness ``isolated``), about that time plus the timeout too."""
+    need = len(members) // 2  # peers besides this node: 2 * (need + 1) > len(members)
+    if need == 0:
+        return None
+    times = sorted((t for p, t in heard_at.items() if p in members and p != self_id), reverse=True)
+    return times[need - 1] if len(times) >= need else None
+
 class MemberCore:
     def __init__(self, config: MemberConfig, now: float, formats: FormatRange = SUPPORTED) -> None:
         """``formats``: the state formats this node reads and writes (membership.formats)."""
@@ -260,14 +273,17 @@ class MemberCore:
 
     def tick(self, now: float, live: frozenset[ProxyId], heard_all: bool, raft: RaftView,
              isolated: bool = False, leader_beat: LeaderBeat = NO_BEAT,
-             hearing: frozenset[ProxyId] | None = None) -> list[Action]:
+             hearing: frozenset[ProxyId] | None = None,
+             heard_at: Mapping[ProxyId, float] | None = None) -> list[Action]:
         """``live``: this node and every peer that is live both ways (membership.liveness);
         ``heard_all``: every peer has been in two-way contact once since this process started;
         ``isolated``: this node hears no peer and they all fell silent at once (it is
         more likely the one cut off: its map then claims no peer's address); ``leader_beat``:
         what the heartbeat says of the leader Raft names (membership.election); ``hearing``: the
         peers this node hears, whether or not they hear it (default: ``live``); in degraded
-        mode only the silent ones count as unreachable (membership.effective)."""
+        mode only the silent ones count as unreachable (membership.effective); ``heard_at``: when
+        each peer was last heard (with no majority left, the quorum lease counts from the last
+        time one was heard, :func:`majority_heard_at`)."""
         out: list[Action] = []
         self.hearing = live if hearing is None else hearing
         if isolated != self.isolated:
@@ -286,7 +302,8 @@ class MemberCore:
         sane_key = (state, live)
         if sane_key != self._sane_key:
             self._sane_key, self._sane = sane_key, committed_is_sane(state, live)
-        degraded = self._lease.update(now, has_quorum, self._sane)
+        lost_at = None if majority or heard_at is None else majority_heard_at(heard_at, self._all_ids, self.node_id)
+        degraded = self._lease.update(now, has_quorum, self._sane, lost_at)
         if degraded != self.view.degraded:
             out.append(_emit(now, "degraded" if degraded else "quorum_back"))
         if role != self.view.role or leader != self.view.leader:

@@ -14,7 +14,8 @@ identity for a while is harmless (DESIGN §2.3): bytes for node id B always go
 to broker B.
 
 :class:`QuorumLease` decides when a node is degraded. It enters degraded mode
-after ``lease`` seconds without quorum and leaves it as soon as quorum is back
+after ``lease`` seconds without quorum (counted from the last time a majority was heard when
+there is none left: no election can bring quorum back) and leaves it as soon as quorum is back
 *and* the committed table is sane from here (every owner reachable), or after
 quorum has been back for ``lease`` seconds, whichever comes first: the
 committed table wins again without a window in which it points at nodes the
@@ -141,7 +142,9 @@ class QuorumLease:
         self._lost_since: float | None = now  # no quorum until proven otherwise
         self._back_since: float | None = None
 
-    def update(self, now: float, has_quorum: bool, committed_sane: bool) -> bool:
+    def update(self, now: float, has_quorum: bool, committed_sane: bool, lost_at: float | None = None) -> bool:
+        """``lost_at``: when the quorum was last proven, if the caller knows it is gone for good
+        (no majority to elect a leader with): the lease counts from there, not from now."""
         if has_quorum:
             self._lost_since = None
             if self.degraded:
@@ -153,7 +156,7 @@ class QuorumLease:
         else:
             self._back_since = None
             if self._lost_since is None:
-                self._lost_since = now
+                self._lost_since = now if lost_at is None else min(now, lost_at)
             if now - self._lost_since >= self.lease:
                 self.degraded = True
         return self.degraded

@@ -177,6 +177,10 @@ class Liveness:
             return False
         return heard > self._refused.get(peer, float("-inf"))
 
+    def heard_at(self) -> dict[str, float]:
+        """When each peer's latest datagram arrived (peers never heard are absent)."""
+        return dict(self._heard)
+
     def hearing(self, now: float) -> frozenset[str]:
         return frozenset(p for p in self.peers if self.hears(p, now))
 

@@ -439,7 +439,7 @@ class Member:
         heard_all = all(hb.has_heard(p) for p in hb.peers)
         self._execute(raft, self._core.tick(now, hb.live(now), heard_all, view, isolated=hb.isolated(now),
                                             leader_beat=self._leader_beat(hb, leader, term),
-                                            hearing=hb.view.hearing(now)))
+                                            hearing=hb.view.hearing(now), heard_at=hb.view.heard_at()))
         if role == "leader":
             raft.set_append_entries_period(append_entries_period(
                 self.config.append_entries_period, self.config.legacy_append_entries_period, hb.legacy_peers()))

@@ -6,7 +6,8 @@ import pytest
 
 from membership.commands import Join, MarkUp, Result
 from membership.config import MemberConfig, MemberSpec
-from membership.control import HastenElection, MemberCore, KeepLinksOpen, RaftView, SubmitJoin, SubmitPlan
+from membership.control import (HastenElection, KeepLinksOpen, MemberCore, RaftView, SubmitJoin, SubmitPlan,
+                                majority_heard_at)
 from membership.state import FleetState
 from topology import ProxyNode
 
@@ -77,6 +78,40 @@ def test_degraded_map_keeps_the_last_committed_vacant_set():
     assert not c.serving.degraded
     c.tick(6.6, frozenset("a"), True, RaftView("candidate", None, 1, s))  # ...for longer than the lease
     assert c.serving.degraded and c.serving.vacant == {"c"}
+
+
+def test_with_no_majority_left_the_lease_counts_from_when_one_was_last_heard():
+    """Two of three peers silent: no election can bring quorum back, so the lease (1.5 s) runs
+    from the last datagram that completed a majority (b's, at 4.2), not from the tick that saw
+    it gone (5.0). With the majority still there (a leader election), it runs from that tick."""
+    s = joined()
+    s, _ = s.apply(MarkUp({"a", "b", "c"}, s.epoch))
+    c = core()
+    c.tick(0.0, frozenset("abc"), True, RaftView("follower", "b", 1, s), heard_at={"b": 0.0, "c": 0.0})
+    alone = RaftView("candidate", None, 1, s)
+    c.tick(5.0, frozenset("a"), True, alone, heard_at={"b": 4.2, "c": 3.1})
+    assert not c.serving.degraded
+    c.tick(5.69, frozenset("a"), True, alone, heard_at={"b": 4.2, "c": 3.1})
+    assert not c.serving.degraded  # 1.49 s after b was last heard
+    c.tick(5.71, frozenset("a"), True, alone, heard_at={"b": 4.2, "c": 3.1})
+    assert c.serving.degraded and c.serving.unreachable == {"b", "c"}
+
+    electing = core()
+    electing.tick(0.0, frozenset("abc"), True, RaftView("follower", "b", 1, s), heard_at={"b": 0.0, "c": 0.0})
+    electing.tick(5.0, frozenset("ac"), True, RaftView("follower", None, 1, s), heard_at={"b": 4.2, "c": 5.0})
+    electing.tick(6.4, frozenset("ac"), True, RaftView("follower", None, 1, s), heard_at={"b": 4.2, "c": 6.4})
+    assert not electing.serving.degraded  # 1.4 s after the tick that lost the leader
+    electing.tick(6.5, frozenset("ac"), True, RaftView("follower", None, 1, s), heard_at={"b": 4.2, "c": 6.5})
+    assert electing.serving.degraded
+
+
+def test_majority_heard_at_is_the_arrival_that_completed_a_majority():
+    five = {"a", "b", "c", "d", "e"}
+    heard = {"b": 9.0, "c": 7.0, "d": 8.0, "e": 2.0}
+    assert majority_heard_at(heard, five, "a") == 8.0  # a + b + d
+    assert majority_heard_at({"b": 9.0}, five, "a") is None  # never had two peers
+    assert majority_heard_at({"b": 9.0, "a": 10.0}, {"a", "b", "c"}, "a") == 9.0  # self never counts
+    assert majority_heard_at({}, {"a"}, "a") is None  # a fleet of one needs nobody
 
 
 def test_an_isolated_node_claims_no_unreachable_peer_in_degraded_mode():

@@ -207,6 +207,7 @@ class MemberCore:
         self._planner = Planner(config.rebalance_delay, broker_grace=config.broker_grace)
         self._tokens = itertools.count(1)
         self._started_at = now
+        self._last_tick = now
         self._lease = QuorumLease(config.quorum_lease, now)
         self.election = ElectionTimer(self.node_id, config.raft_min_timeout,
                                       config.raft_max_timeout - config.raft_min_timeout,
@@ -302,7 +303,11 @@ class MemberCore:
         sane_key = (state, live)
         if sane_key != self._sane_key:
             self._sane_key, self._sane = sane_key, committed_is_sane(state, live)
-        lost_at = None if majority or heard_at is None else majority_heard_at(heard_at, self._all_ids, self.node_id)
+        # After a stall of this node (a freeze, a long pause) the peers' silence is its own deafness.
+        stalled = now - self._last_tick > 2 * self.config.heartbeat_interval
+        self._last_tick = now
+        lost_at = (None if majority or heard_at is None or stalled
+                   else majority_heard_at(heard_at, self._all_ids, self.node_id))
         degraded = self._lease.update(now, has_quorum, self._sane, lost_at)
         if degraded != self.view.degraded:
             out.append(_emit(now, "degraded" if degraded else "quorum_back"))

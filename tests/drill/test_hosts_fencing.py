@@ -58,6 +58,21 @@ def wait_for(what: str, predicate, timeout_s: float, interval_s: float = 0.02):
     raise AssertionError(f"not within {timeout_s} s: {what}")
 
 
+def wait_for_stable(what: str, predicate, hold_s: float, timeout_s: float, interval_s: float = 0.05) -> None:
+    """Until ``predicate`` has been true at every poll for ``hold_s`` seconds."""
+    deadline = time.monotonic() + timeout_s
+    since = None
+    while time.monotonic() < deadline:
+        if not predicate():
+            since = None
+        elif since is None:
+            since = time.monotonic()
+        elif time.monotonic() - since >= hold_s:
+            return
+        time.sleep(interval_s)
+    raise AssertionError(f"not within {timeout_s} s: {what}, for {hold_s} s")
+
+
 def known_clients(node) -> dict[str, list[list]]:
     """The clients of each peer ``node`` knows (GET /clients, with the admin token)."""
     r = node.http.get(node.admin_url + "/clients", headers={"Authorization": f"Bearer {node.token()}"}, timeout=2.0)
@@ -118,11 +133,14 @@ def test_freeze_moves_the_address_and_the_thawed_node_fences_itself(tmp_path):
 
         fleet.signal_node(victim, "CONT")
         # The thawed node gives its address up at once (fence), and gets it back once the fleet has it up.
-        wait_for("every floating address held by its own node again",
-                 lambda: net.holders() == {ip: [name] for name, ip in floating.items()}, 30, 0.05)
+        # Its host kept the address through the freeze, so the right holders are seen for a moment
+        # between the survivor's release and the thawed node's fence (CI once probed ARP in it):
+        # wait until they have stayed so for a second.
+        own = {ip: [name] for name, ip in floating.items()}
+        wait_for_stable("every floating address held by its own node again", lambda: net.holders() == own, 1.0, 30)
         macs = {name: net.mac_of(name) for name in floating}
         for _ in range(3):  # and it stays so
-            assert net.holders() == {ip: [name] for name, ip in floating.items()}
+            assert net.holders() == own
             for name, ip in floating.items():
                 answers = run_on(fleet, "from chaos.testbed.arp_probe import answering_macs; import sys, json; "
                                         "print(json.dumps(sorted(answering_macs('eth0', sys.argv[1]))))", ip)

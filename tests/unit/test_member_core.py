@@ -88,6 +88,7 @@ def test_with_no_majority_left_the_lease_counts_from_when_one_was_last_heard():
     s, _ = s.apply(MarkUp({"a", "b", "c"}, s.epoch))
     c = core()
     c.tick(0.0, frozenset("abc"), True, RaftView("follower", "b", 1, s), heard_at={"b": 0.0, "c": 0.0})
+    c.tick(4.8, frozenset("ab"), True, RaftView("follower", "b", 1, s), heard_at={"b": 4.2, "c": 3.1})
     alone = RaftView("candidate", None, 1, s)
     c.tick(5.0, frozenset("a"), True, alone, heard_at={"b": 4.2, "c": 3.1})
     assert not c.serving.degraded
@@ -97,12 +98,27 @@ def test_with_no_majority_left_the_lease_counts_from_when_one_was_last_heard():
     assert c.serving.degraded and c.serving.unreachable == {"b", "c"}
 
     electing = core()
-    electing.tick(0.0, frozenset("abc"), True, RaftView("follower", "b", 1, s), heard_at={"b": 0.0, "c": 0.0})
+    electing.tick(4.9, frozenset("abc"), True, RaftView("follower", "b", 1, s), heard_at={"b": 4.2, "c": 4.9})
     electing.tick(5.0, frozenset("ac"), True, RaftView("follower", None, 1, s), heard_at={"b": 4.2, "c": 5.0})
     electing.tick(6.4, frozenset("ac"), True, RaftView("follower", None, 1, s), heard_at={"b": 4.2, "c": 6.4})
     assert not electing.serving.degraded  # 1.4 s after the tick that lost the leader
     electing.tick(6.5, frozenset("ac"), True, RaftView("follower", None, 1, s), heard_at={"b": 4.2, "c": 6.5})
     assert electing.serving.degraded
+
+
+def test_after_its_own_stall_the_lease_counts_from_now():
+    """A node that was frozen (no tick for 4 s) finds every peer silent: that is its own
+    deafness, not their loss, so the lease runs from the tick that saw it."""
+    s = joined()
+    s, _ = s.apply(MarkUp({"a", "b", "c"}, s.epoch))
+    c = core()
+    c.tick(1.0, frozenset("abc"), True, RaftView("follower", "b", 1, s), heard_at={"b": 0.9, "c": 0.95})
+    thawed = RaftView("follower", "b", 1, s)
+    c.tick(5.0, frozenset("a"), True, thawed, heard_at={"b": 0.9, "c": 0.95})
+    c.tick(6.4, frozenset("a"), True, thawed, heard_at={"b": 0.9, "c": 0.95})
+    assert not c.serving.degraded
+    c.tick(6.5, frozenset("a"), True, thawed, heard_at={"b": 0.9, "c": 0.95})
+    assert c.serving.degraded
 
 
 def test_majority_heard_at_is_the_arrival_that_completed_a_majority():

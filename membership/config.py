@@ -22,8 +22,8 @@ Relationships enforced (each error names the field):
 * ``connection_timeout >= raft_max_timeout`` and
   ``leader_fallback_timeout > 2 * append_entries_period``.
 * ``heartbeat_interval >= autotick_period`` and
-  ``suspect_timeout >= 3 * heartbeat_interval`` (a node is declared dead only
-  after two lost datagrams and a third one due).
+  ``suspect_timeout >= 3 * heartbeat_interval`` (two lost datagrams never
+  make a node dead).
 * ``quorum_lease >= 2 * raft_max_timeout``: an ordinary election never sends
   a node into degraded mode.
 * ``commit_timeout > raft_max_timeout``.

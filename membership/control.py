@@ -176,18 +176,18 @@ def _emit(now: float, event: str, **fields: Any) -> Emit:
     return Emit(now, event, tuple(fields.items()))
 
 
-
 def majority_heard_at(heard_at: Mapping[ProxyId, float], members: Collection[ProxyId], self_id: ProxyId) -> float | None:
     """The last time this node and a majority of ``members`` had all been heard from: the
     arrival of the datagram that completed it (None if they never were). Once the majority is
-    gone no leader can be elected until peers come back, so waiting for one is pointless; a
-    peer cut off from every other one fences itself ``suspect_timeout`` after it last heard
-    them (membership.liveness ``isolated``), about that time plus the timeout too."""
+    gone no leader can be elected until peers come back, so waiting for one is pointless; and
+    a peer cut off from all the others fences itself once it has not heard them for
+    ``suspect_timeout`` (membership.liveness ``isolated``), well inside the lease from then."""
     need = len(members) // 2  # peers besides this node: 2 * (need + 1) > len(members)
     if need == 0:
         return None
     times = sorted((t for p, t in heard_at.items() if p in members and p != self_id), reverse=True)
     return times[need - 1] if len(times) >= need else None
+
 
 class MemberCore:
     def __init__(self, config: MemberConfig, now: float, formats: FormatRange = SUPPORTED) -> None:

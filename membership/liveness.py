@@ -30,7 +30,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 import attrs
 
@@ -126,13 +127,15 @@ class Liveness:
     said about hearing us. Live: heard within ``suspect_timeout``, not refused since, and it
     hears us."""
 
-    __slots__ = ("self_id", "peers", "suspect_timeout", "_heard", "_refused", "_last", "_hears_us", "_contact")
+    __slots__ = ("self_id", "peers", "suspect_timeout", "_heard", "_heard_view", "_refused", "_last", "_hears_us",
+                 "_contact")
 
     def __init__(self, self_id: str, peers: Iterable[str], suspect_timeout: float) -> None:
         self.self_id = self_id
         self.peers: frozenset[str] = frozenset(peers)
         self.suspect_timeout = suspect_timeout
         self._heard: dict[str, float] = {}
+        self._heard_view = MappingProxyType(self._heard)
         self._refused: dict[str, float] = {}
         self._last: dict[str, tuple[bytes, int]] = {}
         self._hears_us: dict[str, bool | None] = {}
@@ -177,9 +180,10 @@ class Liveness:
             return False
         return heard > self._refused.get(peer, float("-inf"))
 
-    def heard_at(self) -> dict[str, float]:
-        """When each peer's latest datagram arrived (peers never heard are absent)."""
-        return dict(self._heard)
+    def heard_at(self) -> Mapping[str, float]:
+        """When each peer's latest datagram arrived (peers never heard are absent); a read-only
+        view, no copy (the member passes it on every tick)."""
+        return self._heard_view
 
     def hearing(self, now: float) -> frozenset[str]:
         return frozenset(p for p in self.peers if self.hears(p, now))

@@ -196,14 +196,17 @@ class ConnectTurns:
     """A worker's :class:`ConnectPacer` on its loop: waiters are futures."""
 
     def __init__(self, settings: PacingSettings = PacingSettings(),
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, on_wait: Callable[[], None] = lambda: None) -> None:
+        """``on_wait``: called for each connect that has to wait for its turn (a metric)."""
         self.pacer: ConnectPacer[Hashable, asyncio.Future[None]] = ConnectPacer(settings)
         self.clock = clock
+        self.on_wait = on_wait
 
     async def wait(self, key: Hashable) -> Turn:
         """A turn to connect to ``key``, once one is free."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if not self.pacer.admit(key, fut):
+            self.on_wait()
             try:
                 await fut
             except asyncio.CancelledError:

@@ -119,7 +119,8 @@ class DataPath:
                                                                            self.local.workers))
         self.registry.connect = self._connect_upstream
         # Per broker address, a bounded number of this worker's connects in flight (proxy.connect_pacing).
-        self.connect_turns = ConnectTurns(pacing_for_workers(self.local.workers))
+        self.connect_turns = ConnectTurns(pacing_for_workers(self.local.workers),
+                                          on_wait=self.metrics.upstream_connect_waits.inc)
         self.registry.unstall = self._unstall
         self.registry.owned_here = self._owned_here
         self._setup_tls(config)

@@ -101,7 +101,8 @@ async def _turns_in_order(turns: ConnectTurns) -> list[str]:
 
 
 def test_the_shell_never_has_more_than_the_limit_in_flight() -> None:
-    turns = ConnectTurns(PacingSettings(initial=2, floor=1, ceiling=2))
+    waits = []
+    turns = ConnectTurns(PacingSettings(initial=2, floor=1, ceiling=2), on_wait=lambda: waits.append(1))
     peak = 0
     real_admit = turns.pacer.admit
 
@@ -115,6 +116,7 @@ def test_the_shell_never_has_more_than_the_limit_in_flight() -> None:
     order = uvloop.run(_turns_in_order(turns))
     assert order == [str(i) for i in range(6)]
     assert peak == 2 and turns.pacer.in_flight(A) == 0
+    assert len(waits) == 4  # all but the first two waited
 
 
 def test_a_connected_turn_without_an_answer_is_given_back_after_hold_s() -> None:

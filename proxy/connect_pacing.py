@@ -18,6 +18,11 @@ or longer (a retransmit: the queue was full), halves it, at most once per ``cut_
 (the turns already in flight when it was cut saw the same full queue). It starts at the
 broker's accept queue shared among the node's workers.
 
+A broker that does not answer at all (its host cut off: every connect times out) is not
+paced: after a timed-out connect, and until a connect to it is answered again, nobody
+waits for a turn there. Waiting would only make its clients time out later, and a
+bootstrap connection later move on to the next broker.
+
 :class:`ConnectPacer` decides (pure: the caller passes the time); :class:`ConnectTurns`
 is its asyncio shell, one per worker's data path.
 """
@@ -63,13 +68,14 @@ def pacing_for_workers(workers: int) -> PacingSettings:
 
 
 class _Lane(Generic[W]):
-    __slots__ = ("limit", "in_flight", "waiting", "cut_at")
+    __slots__ = ("limit", "in_flight", "waiting", "cut_at", "failing")
 
     def __init__(self, limit: float) -> None:
         self.limit = limit
         self.in_flight = 0
         self.waiting: deque[W] = deque()
         self.cut_at = float("-inf")
+        self.failing = False  # the last outcome was a timeout: no turns until an answer comes
 
 
 class ConnectPacer(Generic[K, W]):
@@ -98,7 +104,7 @@ class ConnectPacer(Generic[K, W]):
         """True: ``waiter`` has a turn now (it is counted in flight). False: it is queued, and
         comes out of :meth:`release` when its turn comes."""
         lane = self._lane(key)
-        if not lane.waiting and lane.in_flight < int(lane.limit):
+        if lane.failing or (not lane.waiting and lane.in_flight < int(lane.limit)):
             lane.in_flight += 1
             return True
         lane.waiting.append(waiter)
@@ -116,6 +122,7 @@ class ConnectPacer(Generic[K, W]):
         the turn began (or the connect alone took that long)."""
         s = self.settings
         lane = self._lane(key)
+        lane.failing = timed_out
         if timed_out or elapsed_s >= s.slow_s:
             if now - lane.cut_at >= s.cut_every_s:
                 lane.limit = max(float(s.floor), lane.limit / 2)
@@ -128,7 +135,7 @@ class ConnectPacer(Generic[K, W]):
         lane = self._lane(key)
         lane.in_flight -= 1
         started: list[W] = []
-        while lane.waiting and lane.in_flight < int(lane.limit):
+        while lane.waiting and (lane.failing or lane.in_flight < int(lane.limit)):
             started.append(lane.waiting.popleft())
             lane.in_flight += 1
         return started

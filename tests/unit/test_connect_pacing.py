@@ -85,6 +85,19 @@ def test_a_lower_limit_lets_the_turns_in_flight_finish_before_anyone_starts() ->
     assert p.release(A) == ["e"]
 
 
+def test_a_broker_whose_connects_time_out_is_not_paced_until_it_answers_again() -> None:
+    """Its host is cut off: waiting in line would only delay each client's own timeout (and a
+    bootstrap connection's move to the next broker)."""
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(PacingSettings(initial=2, floor=2))
+    assert [p.admit(A, w) for w in "abcd"] == [True, True, False, False]
+    p.observe(A, 5.0, 5.0, timed_out=True)
+    assert p.release(A) == ["c", "d"]  # everyone queued goes
+    assert p.admit(A, "e") is True and p.in_flight(A) == 4
+    p.observe(A, 6.0, 0.01)  # answered again: paced again
+    assert p.admit(A, "f") is False
+    assert [p.release(A) for _ in range(3)] == [[], [], ["f"]]
+
+
 async def _turns_in_order(turns: ConnectTurns) -> list[str]:
     order: list[str] = []
 

@@ -374,13 +374,19 @@ def test_lost_quorum_serves_alone_then_committed_table_wins(fleet):
     went = first_event(s2, t_kill, event="degraded")
     assert went
     print(f"\nlost quorum: {survivor} degraded_ms={1000 * (went['t'] - t_kill):.0f} (quorum_lease {LEASE_S}s)")
-    assert went["t"] - t_kill >= LEASE_S - 0.05
+    # With no majority left the lease counts from the last datagram that completed one
+    # (membership.control.majority_heard_at), sent at most one beat before the stop.
+    assert went["t"] - t_kill >= LEASE_S - HEARTBEAT_S - 0.05
     # The committed table is kept as it was: no commit without quorum.
     assert s2["assignment"] == table
 
+    # One at a time: each restarts empty (the journal is in memory), and two empty members
+    # restarted together are a majority that may elect one of themselves and start a new log
+    # without the survivor's (seen once in CI: p1 led epoch 4, p2 kept epoch 5).
     t_back = time.monotonic()
-    for p in dead:
-        fleet.members[p].start()
+    fleet.members[dead[0]].start()
+    fleet.wait_settled({survivor, dead[0]}, timeout=25)
+    fleet.members[dead[1]].start()
     st = fleet.wait_settled({"p1", "p2", "p3"}, timeout=25)
     back = first_event(st[survivor], t_back, event="quorum_back")
     assert back

@@ -128,7 +128,7 @@ class Liveness:
     hears us."""
 
     __slots__ = ("self_id", "peers", "suspect_timeout", "_heard", "_heard_view", "_refused", "_last", "_hears_us",
-                 "_contact")
+                 "_contact", "_judged_at")
 
     def __init__(self, self_id: str, peers: Iterable[str], suspect_timeout: float) -> None:
         self.self_id = self_id
@@ -140,6 +140,9 @@ class Liveness:
         self._last: dict[str, tuple[bytes, int]] = {}
         self._hears_us: dict[str, bool | None] = {}
         self._contact: set[str] = set()
+        # The latest time :meth:`live` judged the peers at: a peer heard then stays a timer of
+        # :meth:`next_expiry` until a later judgement sees it stale, even once its expiry is past.
+        self._judged_at = float("-inf")
 
     def set_peers(self, peers: Iterable[str]) -> None:
         self.peers = frozenset(peers)
@@ -203,6 +206,8 @@ class Liveness:
         return self.hears(peer, now) and self._hears_us.get(peer) is not False
 
     def live(self, now: float) -> frozenset[str]:
+        if now > self._judged_at:
+            self._judged_at = now
         return frozenset([self.self_id, *(p for p in self.peers if self.is_live(p, now))])
 
     def isolated(self, now: float, together_s: float) -> bool:
@@ -222,9 +227,13 @@ class Liveness:
         return max(times) - min(times) <= together_s
 
     def next_expiry(self, now: float) -> float:
-        """The clock's time at which the first peer we hear goes stale (the flag we send it
-        flips, and it is no longer live), inf if none will."""
-        due = [self._heard[p] + self.suspect_timeout for p in self.peers if self.hears(p, now)]
+        """The clock's time at which the first peer we heard at the last judgement (:meth:`live`)
+        goes stale (the flag we send it flips, and it is no longer live), inf if none will. A
+        time already past when the peer went stale after that judgement: the caller must judge
+        again at once. (Judged only by ``now``, an expiry passing between the judgement and this
+        call was dropped, and the peer's loss waited for the next beat: a quarter second.)"""
+        judged = self._judged_at if self._judged_at > float("-inf") else now
+        due = [self._heard[p] + self.suspect_timeout for p in self.peers if self.hears(p, judged)]
         return min(due, default=float("inf"))
 
     def peer_status(self, now: float) -> dict[str, dict[str, object]]:

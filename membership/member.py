@@ -434,6 +434,9 @@ class Member:
         role, term = raft.role(), raft.raftCurrentTerm
         hb.term, hb.leader_term = term, (term if role == "leader" else None)
         hb.tick(now)
+        # The beat's gather may have blocked a few milliseconds: judge the peers at the time it
+        # returned, or an expiry inside that window would be judged live and then dropped.
+        now = self._clock()
         leader = self.node_id if role == "leader" else self._addr_to_id.get(raft.leader_address())
         view = RaftView(role, leader, term, raft.state)
         heard_all = all(hb.has_heard(p) for p in hb.peers)

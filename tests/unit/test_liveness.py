@@ -84,6 +84,22 @@ def test_silence_and_refusal_still_end_liveness():
     assert not view.is_live("b", 1.06)
 
 
+def test_an_expiry_passing_after_the_last_judgement_stays_a_timer_until_judged():
+    # The member judges the peers (live) and a few ms later asks when to wake next; a peer
+    # whose expiry fell between the two must still wake it (at once), not the next beat.
+    view = Liveness("a", ["b", "c"], SUSPECT)
+    view.heard(Beat("b", INC, 1, True), 0.0)
+    view.heard(Beat("c", INC, 1, True), 0.2)
+    assert view.live(SUSPECT - 0.001) == {"a", "b", "c"}
+    assert view.next_expiry(SUSPECT + 0.005) == pytest.approx(SUSPECT)  # past: judge again now
+    assert view.live(SUSPECT + 0.005) == {"a", "c"}
+    assert view.next_expiry(SUSPECT + 0.006) == pytest.approx(0.2 + SUSPECT)  # b is judged: c's turn
+    view.heard(Beat("b", INC, 2, True), SUSPECT + 0.1)  # b back: its expiry is a timer again
+    assert view.next_expiry(SUSPECT + 0.1) == pytest.approx(0.2 + SUSPECT)
+    assert view.live(0.2 + SUSPECT + 0.01) == {"a", "b"}
+    assert view.next_expiry(0.2 + SUSPECT + 0.01) == pytest.approx(2 * SUSPECT + 0.1)
+
+
 # ---- three heartbeats on a fake network -----------------------------------------------------------
 
 

@@ -60,6 +60,11 @@ PLAN_INTERVAL_S = 0.1
 HAND_OVER_RETRY_S = 0.2
 # A failed Join is retried after this long (a successful one: at the next tick, if still needed).
 JOIN_RETRY_S = 0.2
+# After its own stall (a freeze, a long pause) a node neither starts an election nor plans for
+# this many beats: the peers' datagrams queued while it was frozen say "we no longer hear you",
+# true of the freeze and undone within milliseconds of its first beat, but acted on at once it
+# deposed a healthy leader and, as the new one, marked a healthy node down (emulated hosts).
+RELISTEN_BEATS = 2
 
 
 @attrs.frozen(slots=True)
@@ -207,7 +212,9 @@ class MemberCore:
         self._planner = Planner(config.rebalance_delay, broker_grace=config.broker_grace)
         self._tokens = itertools.count(1)
         self._started_at = now
-        self._last_tick = now
+        self._last_tick: float | None = None
+        # After this node's own stall, until then: its view of the peers is the freeze's, not theirs.
+        self._relisten_until = float("-inf")
         self._lease = QuorumLease(config.quorum_lease, now)
         self.election = ElectionTimer(self.node_id, config.raft_min_timeout,
                                       config.raft_max_timeout - config.raft_min_timeout,
@@ -304,8 +311,11 @@ class MemberCore:
         if sane_key != self._sane_key:
             self._sane_key, self._sane = sane_key, committed_is_sane(state, live)
         # After a stall of this node (a freeze, a long pause) the peers' silence is its own deafness.
-        stalled = now - self._last_tick > 2 * self.config.heartbeat_interval
+        stalled = self._last_tick is not None and now - self._last_tick > 2 * self.config.heartbeat_interval
         self._last_tick = now
+        if stalled:
+            self._relisten_until = now + RELISTEN_BEATS * self.config.heartbeat_interval
+        relistening = now < self._relisten_until
         lost_at = (None if majority or heard_at is None or stalled
                    else majority_heard_at(heard_at, self._all_ids, self.node_id))
         degraded = self._lease.update(now, has_quorum, self._sane, lost_at)
@@ -315,7 +325,8 @@ class MemberCore:
             out.append(_emit(now, "role", role=role, leader=leader, term=raft.term))
         self.view = MemberView(role, raft.term, leader, has_quorum, degraded)
 
-        out.extend(self.election.update(now, live, role, leader, raft.term, leader_beat))
+        if not relistening:
+            out.extend(self.election.update(now, live, role, leader, raft.term, leader_beat))
         if self.refused is None:
             self._check_format(state, now, out)
         if self.refused is not None:  # never joins, plans or publishes again
@@ -328,7 +339,8 @@ class MemberCore:
             if not self._was_leader:
                 self._planner.reset()
                 self._was_leader = True
-            self._maybe_plan(state, live, heard_all, now, out)
+            if not relistening:
+                self._maybe_plan(state, live, heard_all, now, out)
             self._maybe_hand_over(state, now, out)
         elif self._was_leader:
             self._planner.reset()

@@ -181,12 +181,13 @@ def test_the_leader_upgrades_the_format_once_every_configured_member_supports_it
     view = RaftView("leader", "a", 1, everyone)
     commands = []
     state = everyone
-    for step in range(20):  # the planner's own commands first (mark up, assign), then the format
-        plans = of(SubmitPlan, settled.tick(2.0 + step * 2.0, frozenset("abc"), True, view))
+    for step in range(160):  # the planner's own commands first (mark up, assign), then the format
+        now = 2.0 + step * 0.25  # a tick every beat (ticks further apart are a stall: membership.control)
+        plans = of(SubmitPlan, settled.tick(now, frozenset("abc"), True, view))
         for plan in plans:
             commands.append(plan.command)
             state, result = state.apply(plan.command)
-            settled.plan_done(plan.token, plan.command, result, None, 2.0 + step * 2.0)
+            settled.plan_done(plan.token, plan.command, result, None, now)
         view = RaftView("leader", "a", 1, state)
         if commands and isinstance(commands[-1], SetFormat):
             break

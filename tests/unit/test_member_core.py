@@ -121,6 +121,27 @@ def test_after_its_own_stall_the_lease_counts_from_now():
     assert c.serving.degraded
 
 
+def test_after_its_own_stall_a_node_neither_starts_an_election_nor_plans_until_it_relistened():
+    """Thawed, a follower finds the leader "not live" (its queued beats said it no longer heard
+    us): true of the freeze, stale by the next beat. It must not depose the leader for it, and
+    as a leader it must not mark its peers down on the freeze's view."""
+    s = joined()
+    s, _ = s.apply(MarkUp({"a", "b", "c"}, s.epoch))
+    b = core("b")
+    b.tick(1.0, frozenset("abc"), True, RaftView("follower", "a", 1, s))
+    assert of(HastenElection, b.tick(5.0, frozenset("bc"), True, RaftView("follower", "a", 1, s))) == []
+    assert of(HastenElection, b.tick(5.4, frozenset("bc"), True, RaftView("follower", "a", 1, s))) == []
+    assert of(HastenElection, b.tick(5.51, frozenset("bc"), True, RaftView("follower", "a", 1, s))) != []
+
+    a = core("a")
+    a.tick(1.0, frozenset("abc"), True, RaftView("leader", "a", 1, s))
+    thawed = RaftView("leader", "a", 1, s)
+    assert of(SubmitPlan, a.tick(5.0, frozenset("a"), True, thawed)) == []
+    assert of(SubmitPlan, a.tick(5.4, frozenset("a"), True, thawed)) == []
+    plans = of(SubmitPlan, a.tick(5.51, frozenset("a"), True, thawed))
+    assert [type(p.command).__name__ for p in plans] == ["MarkDown"]
+
+
 def test_majority_heard_at_is_the_arrival_that_completed_a_majority():
     five = {"a", "b", "c", "d", "e"}
     heard = {"b": 9.0, "c": 7.0, "d": 8.0, "e": 2.0}

@@ -3,7 +3,7 @@
 Defaults are tuned for a LAN/loopback fleet (DESIGN §9): a dead process is
 seen within milliseconds (its Raft connections reset, then its heartbeat port
 refuses a probe; at the latest at the next beat, 0.25 s), a frozen or partitioned one after
-``suspect_timeout`` (1.0 s). Elections run on the leader's UDP beat
+``suspect_timeout`` (0.75 s). Elections run on the leader's UDP beat
 (membership.election): a dead leader is replaced at once, a silent one when
 its beat is ``raft_min_timeout`` (0.3 s) overdue, the last follower asking at
 ``raft_max_timeout`` overdue; pysyncobj's own election timer is a backstop
@@ -135,7 +135,7 @@ class MemberConfig:
     # A dead process is seen at once (its Raft connections reset and the heartbeat
     # probes it, membership.heartbeat); the beat only times out frozen or cut-off nodes.
     heartbeat_interval: float = 0.25
-    suspect_timeout: float = 1.0
+    suspect_timeout: float = 0.75
     # pysyncobj's own election timeout (randomised up to 1.5 times it): a backstop that
     # fires only if neither append_entries nor the leader's beat arrive for that long.
     raft_backstop_timeout: float = attrs.field(default=attrs.Factory(lambda self: round(max(

@@ -2,7 +2,8 @@
 
 ``GET /status`` (JSON), ``GET /metrics`` (Prometheus text), ``GET /healthz``,
 ``GET /readyz``, ``GET /clients`` (bearer token: the node's client connections, which its
-peers keep for tickle ACKs, proxy.addresses.peers), ``POST /drain`` (this node), ``POST /drain/<node>`` (any node,
+peers keep for tickle ACKs; ``?after=V&wait=S`` waits until they differ from version ``V``,
+proxy.addresses.peers), ``POST /drain`` (this node), ``POST /drain/<node>`` (any node,
 through the fleet), ``POST /undrain/<node>``, ``POST /kill`` (the drill:
 ``{"signal": "KILL"|"STOP"|"TERM"}``, the node signals itself), ``POST /add-node/<node>``
 (``{"host": H}``, optional ``bootstrap_port``, ``raft_port``, ``rack``; the other
@@ -26,10 +27,34 @@ import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
+from urllib.parse import parse_qs, urlsplit
 
 log = logging.getLogger("kproxy.admin")
 
 Action = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+# The longest long poll of ``GET /clients?after=V&wait=S`` (proxy.addresses.peers).
+MAX_CLIENTS_WAIT_S = 30.0
+
+
+def clients_query(path: str) -> tuple[int | None, float]:
+    """``after`` and ``wait`` (capped at ``MAX_CLIENTS_WAIT_S``) of a ``/clients?after=V&wait=S``
+    path: (None, 0) for a plain request; ``ValueError`` naming the parameter for a malformed one."""
+    q = parse_qs(urlsplit(path).query)
+    if "after" not in q:
+        return None, 0.0
+    try:
+        after = int(q["after"][0])
+    except ValueError:
+        raise ValueError(f"after must be a version number, got {q['after'][0]!r}") from None
+    try:
+        wait = float(q.get("wait", ["0"])[0])
+    except ValueError:
+        raise ValueError(f"wait must be a number of seconds, got {q['wait'][0]!r}") from None
+    if not 0 <= wait < float("inf"):
+        raise ValueError(f"wait must be a number of seconds >= 0, got {wait}")
+    return after, min(wait, MAX_CLIENTS_WAIT_S)
 
 
 class ActionRefused(ValueError):
@@ -114,9 +139,14 @@ class AdminHandler(BaseHTTPRequestHandler):
                 self._send(200, self.admin.metrics(), "text/plain; version=0.0.4")
             elif self.path == "/healthz":
                 self._json(200, {"ok": True})
-            elif self.path == "/clients" and self.admin.clients is not None:
+            elif self.path.partition("?")[0] == "/clients" and self.admin.clients is not None:
                 if self._authorized():
-                    self._json(200, self.admin.clients())
+                    try:
+                        after, wait_s = clients_query(self.path)
+                    except ValueError as exc:
+                        self._json(400, {"error": str(exc)})
+                        return
+                    self._json(200, self.admin.clients(after, wait_s))
             elif self.path == "/readyz":
                 ok = self.admin.ready()
                 self._json(200 if ok else 503, {"ready": ok})
@@ -176,7 +206,7 @@ class AdminServer:
     def __init__(self, host: str, port: int, *, token: str | None, status: Callable[[], dict[str, Any]],
                  metrics: Callable[[], bytes], ready: Callable[[], bool], actions: dict[str, Action],
                  ssl_context: ssl.SSLContext | None = None,
-                 clients: Callable[[], dict[str, Any]] | None = None) -> None:
+                 clients: Callable[[int | None, float], dict[str, Any]] | None = None) -> None:
         """``ssl_context``: serve HTTPS (proxy.tls.admin_context); the handshake runs in the
         request's thread, not in the accept loop."""
         self.token = token

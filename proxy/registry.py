@@ -93,6 +93,8 @@ class ConnectionRegistry:
         self.connect: Callable[[Pair], Awaitable[None]] | None = None
         self.unstall: Callable[[Pair, UnknownBroker], Awaitable[None]] | None = None
         self.owned_here: Callable[[int], bool] = lambda listener: True
+        # Called at every accept and close (the client list's version, proxy.addresses.peers).
+        self.on_change: Callable[[], None] | None = None
 
     def set_limits(self, limits: Limits, max_connections: int | None = None) -> None:
         """A config reload (proxy.reload): new connections get ``limits``; admission uses the new
@@ -120,6 +122,8 @@ class ConnectionRegistry:
     def accept(self, pair: Pair) -> None:
         """A client connected (its reads paused): count it, then refuse it or connect it upstream."""
         self.pairs.add(pair)
+        if self.on_change is not None:
+            self.on_change()
         self.metrics.active.inc()
         self.metrics.accepted("bootstrap" if pair.listener == BOOTSTRAP else f"broker-{pair.listener}")
         for action in self.node_drain.accepted():
@@ -131,6 +135,8 @@ class ConnectionRegistry:
     def discard(self, pair: Pair) -> None:
         """``pair`` closed."""
         self.pairs.discard(pair)
+        if self.on_change is not None:
+            self.on_change()
         self.metrics.active.dec()
         if pair.drain is not None:
             pair.drain.handle(DrainEvent.CLOSED, 0.0)

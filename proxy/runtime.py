@@ -24,6 +24,7 @@ import uvloop
 
 from membership.formats import FORMATS_ENV, SUPPORTED, FormatRange, parse_range
 from proxy import logs
+from proxy.addresses.peers import ChangeCounter, listing
 from proxy.admin import AdminServer, membership_actions
 from proxy.config import Config, ConfigError, http_url, load
 from proxy.datapath import DataPath
@@ -92,6 +93,7 @@ class NodeRuntime:
         self._stopped = asyncio.Event()
         self.ready = False
         self.peer_clients: Any = None  # proxy.addresses.peers.PeerClients with floating addresses
+        self.clients_version = ChangeCounter()  # bumped at every accept and close with floating addresses
         self.refused: Exception | None = None  # membership.member.FormatRefused
 
     # ---------------------------------------------------------- admin hooks
@@ -220,11 +222,15 @@ class NodeRuntime:
 
         loop.run_in_executor(None, await_admission, member, self._stopped.is_set, refused)
 
-    def _clients(self) -> dict[str, Any]:
-        """``GET /clients``: this node's clients, and the peers' it knows (what it would tickle)."""
+    def _clients(self, after: int | None = None, wait_s: float = 0.0) -> dict[str, Any]:
+        """``GET /clients``: this node's clients (with ``after``: once their list differs from
+        that version, or after ``wait_s``: proxy.addresses.peers), and the peers' it knows (what
+        it would tickle)."""
+        version, pairs = listing(lambda: self._call_in_loop(self.datapath.client_pairs), self.clients_version,
+                                 after, wait_s)
         known = {n: [p.to_json() for p in self.peer_clients.of(n)] for n in self.peer_clients.peers} \
             if self.peer_clients else {}
-        return {"clients": [p.to_json() for p in self._call_in_loop(self.datapath.client_pairs)], "known": known}
+        return {"clients": [p.to_json() for p in pairs], "version": version, "known": known}
 
     def _share_clients(self) -> None:
         """With floating addresses: the fence asks the member whether it has quorum, and the
@@ -233,6 +239,7 @@ class NodeRuntime:
         floating = self.datapath.floating
         if floating is None or self.link is None:
             return
+        self.datapath.registry.on_change = self.clients_version.bump
         member = self.link.member
         floating.has_quorum = lambda: member.status().view.has_quorum
         if self.config.admin_token is None or (self.config.security is not None and self.config.security.admin):

@@ -7,6 +7,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import struct
+import threading
+import time
 
 import attrs
 
@@ -16,7 +18,9 @@ from membership.serving import BOOTSTRAP, ServingMap, stand_in_duties
 from proxy.addresses import floating
 from proxy.addresses.config import parse_mover_config
 from proxy.addresses.floating import FloatingAddresses
-from proxy.addresses.peers import PeerClients
+from proxy.addresses.peers import (CLIENTS_POLL_S, POLL_TIMEOUT_S, SETTLE_S, SMALL_LIST, SMALL_LIST_GAP_S,
+                                   ChangeCounter, PeerClients, listing)
+from proxy.admin import MAX_CLIENTS_WAIT_S, clients_query
 from proxy.addresses.tickle import TCP_ACK, ClientPair, checksum, pseudo_header, tickle_segment
 from proxy.config import ConfigError, parse
 from proxy.takeover import (AddressReconciler, Fence, ReleaseAddress, TakeAddress, address_holder, down_nodes,
@@ -148,21 +152,68 @@ def test_client_pairs_parse_only_valid_entries():
 def test_peer_clients_keep_the_last_list_of_a_peer_that_stopped_answering():
     import httpx
 
-    answers = {"p2": [[9092, "198.18.0.3", 40000]]}
+    answers = {"p2": {"clients": [[9092, "198.18.0.3", 40000]], "version": 7}}
+    asked: list[tuple[str, float]] = []
 
-    def fetch(url: str, token: str) -> list[object]:
+    def fetch(url: str, token: str, timeout_s: float) -> dict:
         assert token == "t"
+        asked.append((url, timeout_s))
         node = "p2" if "112" in url else "p3"
         if node not in answers:
             raise httpx.ConnectError("frozen")
         return answers[node]
 
-    peers = PeerClients({"p2": "http://198.18.0.112:9400", "p3": "http://198.18.0.113:9400"}, "t", fetch=fetch)
-    peers.poll_once()
+    peers = PeerClients({"p2": "http://198.18.0.112:9400", "p3": "http://198.18.0.113:9400"}, "t", fetch=fetch,
+                        long_poll_s=20.0)
+    assert peers.poll("p2") == SMALL_LIST_GAP_S  # a small list: ask again (a long poll) at once
+    assert peers.poll("p3") == CLIENTS_POLL_S  # not answering: ask again later
     assert peers.of("p2") == (ClientPair(9092, "198.18.0.3", 40000),) and peers.of("p3") == ()
     del answers["p2"]
-    peers.poll_once()
+    assert peers.poll("p2") == CLIENTS_POLL_S
     assert peers.of("p2") == (ClientPair(9092, "198.18.0.3", 40000),)
+    # the first ask is plain, the next a long poll from the version it got, with a longer timeout;
+    # after a failure it asks plainly again (the peer may have restarted)
+    p2_asks = [a for a in asked if "112" in a[0]]
+    assert p2_asks[0] == ("http://198.18.0.112:9400/clients", POLL_TIMEOUT_S)
+    assert p2_asks[1] == ("http://198.18.0.112:9400/clients?after=7&wait=20", POLL_TIMEOUT_S + 20.0)
+    answers["p2"] = {"clients": [[9101, "198.18.0.3", 40002]], "version": 9}
+    peers.poll("p2")
+    assert asked[-1][0] == "http://198.18.0.112:9400/clients"
+    assert peers.of("p2") == (ClientPair(9101, "198.18.0.3", 40002),)
+
+
+def test_a_peer_without_versions_is_polled_every_poll_s_and_a_long_list_waits_too():
+    body = {"clients": [[9092, "198.18.0.3", 40000 + i] for i in range(SMALL_LIST + 1)]}
+    peers = PeerClients({"p2": "http://198.18.0.112:9400"}, "t", fetch=lambda u, t, s: body)
+    assert peers.poll("p2") == CLIENTS_POLL_S  # no version: an old node, plain polls
+    body["version"] = 1
+    assert peers.poll("p2") == CLIENTS_POLL_S  # versioned, but a long list: not one per change
+    assert len(peers.of("p2")) == SMALL_LIST + 1
+
+
+def test_the_long_poll_answers_at_a_change_after_settling_or_at_the_wait():
+    counter = ChangeCounter()
+    slept: list[float] = []
+    pairs = [ClientPair(9092, "198.18.0.3", 40000)]
+    assert listing(lambda: pairs, counter, None, 0.0, sleep=slept.append) == (0, pairs)  # plain: at once
+    t0 = time.monotonic()
+    assert listing(lambda: pairs, counter, 0, 0.05, sleep=slept.append) == (0, pairs)  # unchanged: the wait
+    assert time.monotonic() - t0 >= 0.05 and slept == []
+    threading.Timer(0.05, counter.bump).start()
+    t0 = time.monotonic()
+    assert listing(lambda: pairs, counter, 0, 5.0, sleep=slept.append)[0] == 1
+    assert time.monotonic() - t0 < 4.0 and slept == [SETTLE_S]  # answered at the change, settled
+    assert counter.wait_past(5, 0.0) == 1  # a version from another process: differs, at once
+
+
+def test_clients_query_parses_and_caps_and_names_the_bad_parameter():
+    assert clients_query("/clients") == (None, 0.0)
+    assert clients_query("/clients?after=3&wait=20") == (3, 20.0)
+    assert clients_query("/clients?after=3&wait=999") == (3, MAX_CLIENTS_WAIT_S)
+    for bad, name in (("/clients?after=x", "after"), ("/clients?after=1&wait=y", "wait"),
+                      ("/clients?after=1&wait=-1", "wait"), ("/clients?after=1&wait=nan", "wait")):
+        with pytest.raises(ValueError, match=name):
+            clients_query(bad)
 
 
 # ------------------------------------------------------------ the shell, fake mover

@@ -156,7 +156,11 @@ class QuorumLease:
         else:
             self._back_since = None
             if self._lost_since is None:
-                self._lost_since = now if lost_at is None else min(now, lost_at)
+                self._lost_since = now
+            if lost_at is not None:
+                # Also when the quorum was already lost a moment ago (a leader overdue: an
+                # election began while the majority was still there) and the majority went after.
+                self._lost_since = min(self._lost_since, lost_at)
             if now - self._lost_since >= self.lease:
                 self.degraded = True
         return self.degraded

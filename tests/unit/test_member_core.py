@@ -106,6 +106,23 @@ def test_with_no_majority_left_the_lease_counts_from_when_one_was_last_heard():
     assert electing.serving.degraded
 
 
+def test_a_majority_lost_during_an_election_backdates_the_lease_too():
+    """The leader b froze: its beat was overdue first (an election began at 4.6, the quorum lost
+    with the majority still there), then b went silent for good (4.95): the lease runs from b's
+    last datagram (4.2), not from the election's start."""
+    s = joined()
+    s, _ = s.apply(MarkUp({"a", "b"}, s.epoch))
+    c = core()
+    c.tick(4.2, frozenset("ab"), True, RaftView("follower", "b", 1, s), heard_at={"b": 4.2, "c": 0.0})
+    electing = RaftView("candidate", None, 2, s)
+    c.tick(4.6, frozenset("ab"), True, electing, heard_at={"b": 4.2, "c": 0.0})
+    for t in (4.95, 5.2, 5.45, 5.69):  # a tick every beat
+        c.tick(t, frozenset("a"), True, electing, heard_at={"b": 4.2, "c": 0.0})
+    assert not c.serving.degraded
+    c.tick(5.71, frozenset("a"), True, electing, heard_at={"b": 4.2, "c": 0.0})
+    assert c.serving.degraded  # 1.51 s after b's last datagram, 1.11 s after the election began
+
+
 def test_after_its_own_stall_the_lease_counts_from_now():
     """A node that was frozen (no tick for 4 s) finds every peer silent: that is its own
     deafness, not their loss, so the lease runs from the tick that saw it."""

@@ -339,15 +339,18 @@ class DataPath:
         log.warning("fenced: connections dropped", extra={"node": self.node.id, "connections": len(pairs)})
 
     def client_pairs(self) -> list[ClientPair]:
-        """The clients connected to this node's own address (shared with the peers for tickle ACKs)."""
+        """The IPv4 clients of this node (shared with the peers for tickle ACKs): those of its own
+        address, and those of the vacant nodes' addresses it stands in for (with that address:
+        should this node freeze, whoever takes the address next resets them too)."""
         out = []
+        own = self.node.host
         for pair in self.registry.pairs:
             client = pair.client
             if client is None:
                 continue
             local, peer = client.get_extra_info("sockname"), client.get_extra_info("peername")
-            if local and peer and local[0] == self.node.host and ":" not in peer[0]:
-                out.append(ClientPair(local[1], peer[0], peer[1]))
+            if local and peer and ":" not in peer[0] and ":" not in local[0]:
+                out.append(ClientPair(local[1], peer[0], peer[1], None if local[0] == own else local[0]))
         return out
 
     # ----------------------------------------------------------- drain

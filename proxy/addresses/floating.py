@@ -141,7 +141,7 @@ class FloatingAddresses:
 
     async def _tickle(self, action: TakeAddress) -> None:
         """Reset the silent clients of the node whose address was just taken (tickle ACKs)."""
-        pairs = self.peer_clients.of(action.node) if self.peer_clients is not None else ()
+        pairs = self.peer_clients.at(action.host, action.node) if self.peer_clients is not None else ()
         if not pairs:
             return
         loop = asyncio.get_running_loop()

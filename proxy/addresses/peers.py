@@ -110,6 +110,16 @@ class PeerClients:
     def of(self, node: str) -> tuple[ClientPair, ...]:
         return self._latest.get(node, ())
 
+    def at(self, address: str, owner: str) -> tuple[ClientPair, ...]:
+        """Every client the peers last listed on ``address``, ``owner``'s floating address: the
+        owner's own clients, and those a peer took while standing in for it there."""
+        out: dict[tuple[int, str, int], ClientPair] = {}
+        for node, pairs in list(self._latest.items()):
+            for p in pairs:
+                if p.local_ip == address or (p.local_ip is None and node == owner):
+                    out.setdefault((p.local_port, p.client_ip, p.client_port), p)
+        return tuple(out.values())
+
     def poll(self, node: str, fetch: Fetch | None = None) -> float | None:
         """Ask ``node`` once (a long poll once its version is known); keep what it answers, or
         its last list if it does not (frozen, cut off, restarting). Returns how long to wait

@@ -34,24 +34,32 @@ WINDOW = 1024
 
 @attrs.frozen(slots=True)
 class ClientPair:
-    """One client connection of a node: the node's port it reached, and the client's address."""
+    """One client connection of a node: the node's port it reached, the client's address, and
+    the node's address it reached when that is not the node's own (a stand-in on a vacant
+    node's floating address: whoever takes that address next must tickle it too)."""
 
     local_port: int
     client_ip: str
     client_port: int
+    local_ip: str | None = None
 
     def to_json(self) -> list[object]:
-        return [self.local_port, self.client_ip, self.client_port]
+        if self.local_ip is None:
+            return [self.local_port, self.client_ip, self.client_port]
+        return [self.local_port, self.client_ip, self.client_port, self.local_ip]
 
     @classmethod
     def from_json(cls, value: object) -> "ClientPair":
-        if not isinstance(value, list) or len(value) != 3:
-            raise ValueError(f"a client pair is [local_port, client_ip, client_port], got {value!r}")
-        local, ip, port = value
+        if not isinstance(value, list) or len(value) not in (3, 4):
+            raise ValueError(f"a client pair is [local_port, client_ip, client_port(, local_ip)], got {value!r}")
+        local, ip, port = value[:3]
         ipaddress.IPv4Address(ip)
         if not all(isinstance(p, int) and 0 < p < 65536 for p in (local, port)):
             raise ValueError(f"ports out of range in {value!r}")
-        return cls(local, ip, port)
+        local_ip = None
+        if len(value) == 4:
+            local_ip = str(ipaddress.IPv4Address(value[3]))
+        return cls(local, ip, port, local_ip)
 
 
 def checksum(data: bytes) -> int:

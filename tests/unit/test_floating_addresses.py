@@ -144,7 +144,10 @@ def test_checksum_matches_rfc1071_worked_example():
 
 def test_client_pairs_parse_only_valid_entries():
     assert ClientPair.from_json([9092, "198.18.0.3", 40000]) == ClientPair(9092, "198.18.0.3", 40000)
-    for bad in ([9092, "198.18.0.3"], [0, "198.18.0.3", 1], [9092, "not-an-ip", 1], "x"):
+    on_stand_in = ClientPair(9102, "198.18.0.3", 40001, "198.18.0.12")
+    assert ClientPair.from_json(on_stand_in.to_json()) == on_stand_in
+    for bad in ([9092, "198.18.0.3"], [0, "198.18.0.3", 1], [9092, "not-an-ip", 1], "x",
+                [9092, "198.18.0.3", 1, "nope"], [9092, "198.18.0.3", 1, "198.18.0.12", 5]):
         with pytest.raises(ValueError):
             ClientPair.from_json(bad)
 
@@ -180,6 +183,23 @@ def test_peer_clients_keep_the_last_list_of_a_peer_that_stopped_answering():
     peers.poll("p2")
     assert asked[-1][0] == "http://198.18.0.112:9400/clients"
     assert peers.of("p2") == (ClientPair(9101, "198.18.0.3", 40002),)
+
+
+def test_the_clients_of_an_address_include_those_a_peer_took_standing_in_there():
+    """p2 froze, p1 stood in on p2's address and took clients there, then p1 froze too: p3,
+    taking p2's address, must reset p2's own clients and p1's on that address, not p1's own."""
+    lists = {
+        "http://p1": {"clients": [[9101, "198.18.0.3", 41000], [9102, "198.18.0.3", 41001, "198.18.0.12"]],
+                      "version": 1},
+        "http://p2": {"clients": [[9102, "198.18.0.3", 40000], [9102, "198.18.0.3", 41001]], "version": 1},
+    }
+    peers = PeerClients({"p1": "http://p1", "p2": "http://p2"}, "t",
+                        fetch=lambda url, token, timeout: lists[url.split("/clients")[0]])
+    peers.poll("p1")
+    peers.poll("p2")
+    at_p2 = sorted((p.local_port, p.client_port) for p in peers.at("198.18.0.12", "p2"))
+    assert at_p2 == [(9102, 40000), (9102, 41001)]  # p2's own, and p1's there (once)
+    assert [(p.local_port, p.client_port) for p in peers.at("198.18.0.11", "p1")] == [(9101, 41000)]
 
 
 def test_a_peer_without_versions_is_polled_every_poll_s_and_a_long_list_waits_too():

@@ -328,6 +328,8 @@ class DataPath:
             wanted = () if self.draining else floating_stand_ins(self.serving, self.node.id, self.listeners.bound,
                                                                  held)
         await self.listeners.stand_in(wanted)
+        if self.floating is not None:
+            self.floating.tickle_taken()  # now that the taken addresses' ports listen
         self.listeners.hand_back_soon(lambda: self.serving)
 
     def _fenced(self) -> None:

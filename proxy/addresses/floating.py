@@ -3,8 +3,9 @@
 
 :class:`FloatingAddresses` is driven by the data path (``proxy.datapath``): ``sync(map)`` after
 every map (and after a fence or an unfence) takes and releases addresses in a worker thread (a
-take is an ``ip`` command and an ARP, milliseconds: never on the loop), then sends the tickle
-ACKs to the clients of each down node whose address it took; ``watch()`` ticks the
+take is an ``ip`` command and an ARP, milliseconds: never on the loop); once the data path
+listens on the taken addresses' ports, ``tickle_taken()`` sends the tickle ACKs to the clients
+of each down node whose address it took; ``watch()`` ticks the
 :class:`proxy.takeover.Fence`. A failed take or release is logged and tried again at the next
 sync (the reconciler only records what was done).
 """
@@ -70,6 +71,7 @@ class FloatingAddresses:
         self.has_quorum: Callable[[], bool] = lambda: True  # the runtime's member view, when there is one
         self.peer_clients: PeerClients | None = None  # the runtime's poller, when there is one
         self.tickles_sent = 0
+        self._to_tickle: list[TakeAddress] = []  # taken by sync, tickled by tickle_taken
         # Before another node's address is given back: stop listening there and reset the
         # clients connected to it here (the data path's; see :meth:`sync`).
         self.before_release: Callable[[str, str], Awaitable[None]] | None = None
@@ -112,8 +114,16 @@ class FloatingAddresses:
                     "node": action.node, "address": action.host, "ms": round((self.clock() - started) * 1e3, 1)})
                 loop.create_task(self._announce_again(action, address))
                 if action.node != self.node_id:
-                    loop.create_task(self._tickle(action))
+                    self._to_tickle.append(action)
             return self.held
+
+    def tickle_taken(self) -> None:
+        """Send the tickle ACKs of the addresses :meth:`sync` took, once the data path listens
+        on their ports: a client reset earlier reconnected into "connection refused" (a stand-in
+        listener not bound yet), which librdkafka answers with a growing reconnect backoff."""
+        taken, self._to_tickle = self._to_tickle, []
+        for action in taken:
+            asyncio.get_running_loop().create_task(self._tickle(action))
 
     async def _announce_again(self, action: TakeAddress, address: FloatingAddress,
                               at_times: tuple[float, ...] = ANNOUNCE_AGAIN_S) -> None:

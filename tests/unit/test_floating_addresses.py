@@ -289,6 +289,36 @@ def test_shell_keeps_going_when_a_take_fails_and_retries_it_next_time():
     assert mover.calls == ["take 198.18.0.11/24", "take 198.18.0.12/24", "take 198.18.0.13/24"]
 
 
+def test_tickles_go_out_only_once_the_data_path_listens_on_the_taken_address(monkeypatch):
+    sent: list[tuple[str, tuple]] = []
+    monkeypatch.setattr(floating, "send_tickles", lambda host, pairs: sent.append((host, tuple(pairs))) or len(pairs))
+    monkeypatch.setattr(floating, "TICKLE_AGAIN_S", 0.0)
+    shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
+                              confirm_s=0.5, mover=FakeMover(), clock=lambda: 0.0)  # type: ignore[arg-type]
+    pair = ClientPair(9102, "198.18.0.3", 40000)
+
+    class Known:
+        def at(self, address, owner):
+            return (pair,) if (address, owner) == ("198.18.0.12", "p2") else ()
+
+    shell.peer_clients = Known()  # type: ignore[assignment]
+
+    async def run() -> None:
+        await shell.sync(fleet_map({1: "p1", 2: "p1", 3: "p1"}, vacant={"p2"}), draining=False)
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert sent == []  # taken, but its stand-in listeners are not bound yet
+        shell.tickle_taken()
+        for _ in range(50):
+            if len(sent) == 2:
+                break
+            await asyncio.sleep(0.01)
+        shell.tickle_taken()  # nothing new taken: nothing more sent
+
+    asyncio.run(run())
+    assert sent == [("198.18.0.12", (pair,))] * 2  # the tickle and its repeat
+
+
 def test_a_taken_address_is_announced_again_while_held_and_not_once_given_back(monkeypatch):
     # The take's own gratuitous ARPs can be ignored by the clients (a neighbour entry changed
     # less than locktime ago keeps its MAC): the holder announces again later.

@@ -41,6 +41,7 @@ from proxy.addresses.floating import FloatingAddresses
 from proxy.addresses.tickle import ClientPair
 from proxy.advertised import AdvertisedAddresses
 from proxy.config import Config, HostPort, proxy_node
+from proxy.connect_pacing import ConnectTurns, Turn, pacing_for_workers
 from proxy.connection import Pair, UpstreamSide
 from proxy.discovery import BrokerDiscovery
 from proxy.drain import CloseListeners, DrainAt, DrainConnections, NodeDrain, Rebind
@@ -117,6 +118,9 @@ class DataPath:
                                            max_connections=client_capacity(config.limits.max_connections,
                                                                            self.local.workers))
         self.registry.connect = self._connect_upstream
+        # Per broker address, a bounded number of this worker's connects in flight (proxy.connect_pacing).
+        self.connect_turns = ConnectTurns(pacing_for_workers(self.local.workers),
+                                          on_wait=self.metrics.upstream_connect_waits.inc)
         self.registry.unstall = self._unstall
         self.registry.owned_here = self._owned_here
         self._setup_tls(config)
@@ -396,26 +400,47 @@ class DataPath:
                     ssl=tls, server_hostname=address.host, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
             return transport
 
+        turn: Turn | None = None
+
+        async def wait_turn(address: HostPort) -> None:
+            nonlocal turn
+            turn = await self.connect_turns.wait(address)
+
         def failed(address: HostPort, exc: BaseException) -> None:
+            nonlocal turn
+            if turn is not None:
+                turn.failed(timed_out=isinstance(exc, TimeoutError))
+                turn = None
             if tls is not None and isinstance(exc, ssl.SSLError):
                 reason = self.tls_failures.failed("broker", exc)
                 log.warning("TLS handshake with a broker failed", extra={
                     "broker": f"{address}", "reason": reason, "error": describe(exc)})
             errors.append(f"{address}: {describe_error(exc)}")
 
-        reached = await first_connection(connect, self.discovery.upstream_for(pair.listener),
-                                         timeout_s=self.config.limits.connect_timeout_s,
-                                         timeout_retries=UPSTREAM_TIMEOUT_RETRIES, stop=lambda: pair.closed,
-                                         failed=failed)
+        try:
+            reached = await first_connection(connect, self.discovery.upstream_for(pair.listener),
+                                             timeout_s=self.config.limits.connect_timeout_s,
+                                             timeout_retries=UPSTREAM_TIMEOUT_RETRIES, stop=lambda: pair.closed,
+                                             failed=failed, wait_turn=wait_turn)
+        except BaseException:
+            if turn is not None:
+                turn.abandon()
+            raise
         if reached is None:
+            if turn is not None:
+                turn.abandon()
             if not pair.closed:
                 self.metrics.upstream_errors.labels(self.node.id).inc()
                 pair.close(f"no upstream reachable: {'; '.join(errors) or 'broker unknown'}", level=logging.WARNING)
             return
         transport, address = reached
+        assert turn is not None
+        turn.connected()  # held until the broker's first answer (UpstreamSide), or the pair closes
         if pair.closed:
+            turn.abandon()
             transport.close()
             return
+        pair.turn = turn
         pair.upstream = transport
         pair.upstream_addr = address
         if pair._pending:

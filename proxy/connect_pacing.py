@@ -1,0 +1,232 @@
+"""How many of a worker's upstream connects to one broker address are in flight at once.
+
+Every client connection costs the node one upstream connect (proxy.datapath). In a
+connection storm they come as fast as the node accepts clients, and a broker's accept
+queue is short (Kafka's ``socket.listen.backlog.size``: 50). A full queue drops the SYN
+(the kernel sends it again 1 s, then 3 s later) or the handshake's last ACK (the broker
+resends its SYN-ACK after 1 s): the client waits seconds for a connection the broker
+would have taken a few milliseconds later. A faster node made it worse (BENCHMARKS.md,
+"Connection storm").
+
+So each worker lets at most ``limit`` connects per broker address be unanswered: a turn
+is taken before the connect and given back once the broker answered the connection's
+first request (it was accepted then), once the connect failed, or ``hold_s`` after it
+connected when no answer came (a client that says nothing must not hold a turn). The
+limit adapts, additive increase and multiplicative decrease as in TCP: each turn answered
+within ``slow_s`` adds ``1 / limit``; a timed-out connect, or a turn that took ``slow_s``
+or longer (a retransmit: the queue was full), halves it, at most once per ``cut_every_s``
+(the turns already in flight when it was cut saw the same full queue). It starts at the
+broker's accept queue shared among the node's workers.
+
+A broker that does not answer at all (its host cut off: every connect times out) is not
+paced: after a timed-out connect, and until a connect to it is answered again, nobody
+waits for a turn there. Waiting would only make its clients time out later, and a
+bootstrap connection later move on to the next broker.
+
+:class:`ConnectPacer` decides (pure: the caller passes the time); :class:`ConnectTurns`
+is its asyncio shell, one per worker's data path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+import attrs
+
+__all__ = ("BROKER_ACCEPT_QUEUE", "ConnectPacer", "ConnectTurns", "PacingSettings", "Turn", "pacing_for_workers")
+
+K = TypeVar("K", bound=Hashable)
+W = TypeVar("W")
+# Kafka's default socket.listen.backlog.size; a bit under it, the node's own share.
+BROKER_ACCEPT_QUEUE = 50
+_SHARE_OF_QUEUE = 40
+
+
+@attrs.frozen
+class PacingSettings:
+    initial: int = 20
+    floor: int = 2
+    ceiling: int = 64
+    slow_s: float = 0.5  # under the kernel's first retransmit (1 s): a turn this long waited for one
+    cut_every_s: float = 1.0
+    hold_s: float = 1.0  # connected, no answer yet: the turn is given back after this long
+
+    def __attrs_post_init__(self) -> None:
+        if not 1 <= self.floor <= self.initial <= self.ceiling:
+            raise ValueError(f"want 1 <= floor <= initial <= ceiling, got {self.floor}, {self.initial}, "
+                             f"{self.ceiling}")
+
+
+def pacing_for_workers(workers: int) -> PacingSettings:
+    """The broker's accept queue (a little under it) shared among a node's ``workers``."""
+    defaults = PacingSettings()
+    return attrs.evolve(defaults, initial=max(defaults.floor, _SHARE_OF_QUEUE // max(1, workers)))
+
+
+class _Lane(Generic[W]):
+    __slots__ = ("limit", "in_flight", "waiting", "cut_at", "failing")
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self.in_flight = 0
+        self.waiting: deque[W] = deque()
+        self.cut_at = float("-inf")
+        self.failing = False  # the last outcome was a timeout: no turns until an answer comes
+
+
+class ConnectPacer(Generic[K, W]):
+    """Turns per key (a broker address); ``W``: whatever the caller queues for a turn."""
+
+    def __init__(self, settings: PacingSettings = PacingSettings()) -> None:
+        self.settings = settings
+        self._lanes: dict[K, _Lane[W]] = {}
+
+    def _lane(self, key: K) -> _Lane[W]:
+        lane = self._lanes.get(key)
+        if lane is None:
+            lane = self._lanes[key] = _Lane(float(self.settings.initial))
+        return lane
+
+    def limit(self, key: K) -> int:
+        return int(self._lane(key).limit)
+
+    def in_flight(self, key: K) -> int:
+        return self._lane(key).in_flight
+
+    def waiting(self, key: K) -> int:
+        return len(self._lane(key).waiting)
+
+    def admit(self, key: K, waiter: W) -> bool:
+        """True: ``waiter`` has a turn now (it is counted in flight). False: it is queued, and
+        comes out of :meth:`release` when its turn comes."""
+        lane = self._lane(key)
+        if lane.failing or (not lane.waiting and lane.in_flight < int(lane.limit)):
+            lane.in_flight += 1
+            return True
+        lane.waiting.append(waiter)
+        return False
+
+    def withdraw(self, key: K, waiter: W) -> None:
+        """A queued ``waiter`` gave up before its turn came."""
+        try:
+            self._lane(key).waiting.remove(waiter)
+        except ValueError:
+            pass
+
+    def observe(self, key: K, now: float, elapsed_s: float, *, timed_out: bool = False) -> None:
+        """A turn's outcome: its connect timed out, or the broker answered ``elapsed_s`` after
+        the turn began (or the connect alone took that long)."""
+        s = self.settings
+        lane = self._lane(key)
+        lane.failing = timed_out
+        if timed_out or elapsed_s >= s.slow_s:
+            if now - lane.cut_at >= s.cut_every_s:
+                lane.limit = max(float(s.floor), lane.limit / 2)
+                lane.cut_at = now
+        else:
+            lane.limit = min(float(s.ceiling), lane.limit + 1 / lane.limit)
+
+    def release(self, key: K) -> list[W]:
+        """A turn is given back: the waiters whose turn it is now (counted in flight), in order."""
+        lane = self._lane(key)
+        lane.in_flight -= 1
+        started: list[W] = []
+        while lane.waiting and (lane.failing or lane.in_flight < int(lane.limit)):
+            started.append(lane.waiting.popleft())
+            lane.in_flight += 1
+        return started
+
+
+class Turn:
+    """One upstream connect's turn (from :meth:`ConnectTurns.wait`). Give it back exactly
+    once, whichever comes first: :meth:`failed`, :meth:`answered`, :meth:`abandon`, or
+    ``hold_s`` after :meth:`connected`."""
+
+    __slots__ = ("_turns", "key", "began", "_held", "_observed", "_timer")
+
+    def __init__(self, turns: ConnectTurns, key: Hashable, began: float) -> None:
+        self._turns = turns
+        self.key = key
+        self.began = began
+        self._held = True
+        self._observed = False
+        self._timer: asyncio.TimerHandle | None = None
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def connected(self) -> None:
+        """The connect succeeded: the turn is held until the first answer, ``hold_s`` at most."""
+        turns = self._turns
+        elapsed = turns.clock() - self.began
+        if elapsed >= turns.pacer.settings.slow_s:  # a SYN was sent again: say so now
+            self._observe(elapsed)
+        if self._held:
+            self._timer = asyncio.get_running_loop().call_later(turns.pacer.settings.hold_s, self._give_back)
+
+    def answered(self) -> None:
+        """The broker's first bytes on this connection."""
+        if not self._observed:
+            self._observe(self._turns.clock() - self.began)
+        self._give_back()
+
+    def failed(self, *, timed_out: bool) -> None:
+        if timed_out and not self._observed:
+            now = self._turns.clock()
+            self._observed = True
+            self._turns.pacer.observe(self.key, now, now - self.began, timed_out=True)
+        self._give_back()
+
+    def abandon(self) -> None:
+        """The connection closed, or its connect was cancelled."""
+        self._give_back()
+
+    def _observe(self, elapsed: float) -> None:
+        self._observed = True
+        self._turns.pacer.observe(self.key, self._turns.clock(), elapsed)
+
+    def _give_back(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._held:
+            self._held = False
+            self._turns.give_back(self.key)
+
+
+class ConnectTurns:
+    """A worker's :class:`ConnectPacer` on its loop: waiters are futures."""
+
+    def __init__(self, settings: PacingSettings = PacingSettings(),
+                 clock: Callable[[], float] = time.monotonic, on_wait: Callable[[], None] = lambda: None) -> None:
+        """``on_wait``: called for each connect that has to wait for its turn (a metric)."""
+        self.pacer: ConnectPacer[Hashable, asyncio.Future[None]] = ConnectPacer(settings)
+        self.clock = clock
+        self.on_wait = on_wait
+
+    async def wait(self, key: Hashable) -> Turn:
+        """A turn to connect to ``key``, once one is free."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if not self.pacer.admit(key, fut):
+            self.on_wait()
+            try:
+                await fut
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():  # the turn came with the cancellation
+                    self.give_back(key)
+                else:
+                    self.pacer.withdraw(key, fut)
+                raise
+        return Turn(self, key, self.clock())
+
+    def give_back(self, key: Hashable) -> None:
+        for fut in self.pacer.release(key):
+            if fut.done():  # cancelled while queued and not yet withdrawn: pass the turn on
+                self.give_back(key)
+            else:
+                fut.set_result(None)

@@ -68,14 +68,42 @@ def pacing_for_workers(workers: int) -> PacingSettings:
 
 
 class _Lane(Generic[W]):
-    __slots__ = ("limit", "in_flight", "waiting", "cut_at", "failing")
+    __slots__ = ("limit", "in_flight", "lines", "waiting", "cut_at", "failing")
 
     def __init__(self, limit: float) -> None:
         self.limit = limit
         self.in_flight = 0
-        self.waiting: deque[W] = deque()
+        # One line per client source address, FIFO within it; the dict's order is the round:
+        # the next turn goes to the first source, which then goes to the back if it still waits.
+        self.lines: dict[Hashable, deque[W]] = {}
+        self.waiting = 0
         self.cut_at = float("-inf")
         self.failing = False  # the last outcome was a timeout: no turns until an answer comes
+
+    def queue(self, source: Hashable, waiter: W) -> None:
+        line = self.lines.get(source)
+        if line is None:
+            line = self.lines[source] = deque()
+        line.append(waiter)
+        self.waiting += 1
+
+    def next_waiter(self) -> W:
+        source = next(iter(self.lines))
+        line = self.lines.pop(source)
+        waiter = line.popleft()
+        if line:
+            self.lines[source] = line  # to the back of the round
+        self.waiting -= 1
+        return waiter
+
+    def remove(self, source: Hashable, waiter: W) -> None:
+        line = self.lines.get(source)
+        if line is None or waiter not in line:
+            return
+        line.remove(waiter)
+        self.waiting -= 1
+        if not line:
+            del self.lines[source]
 
 
 class ConnectPacer(Generic[K, W]):
@@ -98,24 +126,22 @@ class ConnectPacer(Generic[K, W]):
         return self._lane(key).in_flight
 
     def waiting(self, key: K) -> int:
-        return len(self._lane(key).waiting)
+        return self._lane(key).waiting
 
-    def admit(self, key: K, waiter: W) -> bool:
-        """True: ``waiter`` has a turn now (it is counted in flight). False: it is queued, and
-        comes out of :meth:`release` when its turn comes."""
+    def admit(self, key: K, waiter: W, source: Hashable = None) -> bool:
+        """True: ``waiter`` has a turn now (it is counted in flight). False: it is queued in
+        ``source``'s line (the client's address), and comes out of :meth:`release` when its
+        turn comes: the sources waiting take turns round robin, each in its own order."""
         lane = self._lane(key)
         if lane.failing or (not lane.waiting and lane.in_flight < int(lane.limit)):
             lane.in_flight += 1
             return True
-        lane.waiting.append(waiter)
+        lane.queue(source, waiter)
         return False
 
-    def withdraw(self, key: K, waiter: W) -> None:
+    def withdraw(self, key: K, waiter: W, source: Hashable = None) -> None:
         """A queued ``waiter`` gave up before its turn came."""
-        try:
-            self._lane(key).waiting.remove(waiter)
-        except ValueError:
-            pass
+        self._lane(key).remove(source, waiter)
 
     def observe(self, key: K, now: float, elapsed_s: float, *, timed_out: bool = False) -> None:
         """A turn's outcome: its connect timed out, or the broker answered ``elapsed_s`` after
@@ -136,7 +162,7 @@ class ConnectPacer(Generic[K, W]):
         lane.in_flight -= 1
         started: list[W] = []
         while lane.waiting and (lane.failing or lane.in_flight < int(lane.limit)):
-            started.append(lane.waiting.popleft())
+            started.append(lane.next_waiter())
             lane.in_flight += 1
         return started
 
@@ -146,12 +172,15 @@ class Turn:
     once, whichever comes first: :meth:`failed`, :meth:`answered`, :meth:`abandon`, or
     ``hold_s`` after :meth:`connected`."""
 
-    __slots__ = ("_turns", "key", "began", "_held", "_observed", "_timer")
+    __slots__ = ("_turns", "key", "source", "asked", "began", "connected_at", "_held", "_observed", "_timer")
 
-    def __init__(self, turns: ConnectTurns, key: Hashable, began: float) -> None:
+    def __init__(self, turns: ConnectTurns, key: Hashable, source: Hashable, asked: float, began: float) -> None:
         self._turns = turns
         self.key = key
+        self.source = source
+        self.asked = asked  # when the connection asked for a turn: began - asked is its wait in line
         self.began = began
+        self.connected_at: float | None = None
         self._held = True
         self._observed = False
         self._timer: asyncio.TimerHandle | None = None
@@ -160,59 +189,74 @@ class Turn:
     def held(self) -> bool:
         return self._held
 
+    def clock_now(self) -> float:
+        return self._turns.clock()
+
+    def limit(self) -> int:
+        """Its broker's limit now."""
+        return self._turns.pacer.limit(self.key)
+
     def connected(self) -> None:
         """The connect succeeded: the turn is held until the first answer, ``hold_s`` at most."""
         turns = self._turns
-        elapsed = turns.clock() - self.began
+        self.connected_at = turns.clock()
+        elapsed = self.connected_at - self.began
         if elapsed >= turns.pacer.settings.slow_s:  # a SYN was sent again: say so now
             self._observe(elapsed)
         if self._held:
-            self._timer = asyncio.get_running_loop().call_later(turns.pacer.settings.hold_s, self._give_back)
+            self._timer = asyncio.get_running_loop().call_later(turns.pacer.settings.hold_s, self._give_back,
+                                                                "held")
 
     def answered(self) -> None:
         """The broker's first bytes on this connection."""
         if not self._observed:
             self._observe(self._turns.clock() - self.began)
-        self._give_back()
+        self._give_back("answered")
 
     def failed(self, *, timed_out: bool) -> None:
         if timed_out and not self._observed:
             now = self._turns.clock()
             self._observed = True
             self._turns.pacer.observe(self.key, now, now - self.began, timed_out=True)
-        self._give_back()
+        self._give_back("timed out" if timed_out else "failed")
 
     def abandon(self) -> None:
         """The connection closed, or its connect was cancelled."""
-        self._give_back()
+        self._give_back("abandoned")
 
     def _observe(self, elapsed: float) -> None:
         self._observed = True
         self._turns.pacer.observe(self.key, self._turns.clock(), elapsed)
 
-    def _give_back(self) -> None:
+    def _give_back(self, how: str) -> None:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self._held:
             self._held = False
             self._turns.give_back(self.key)
+            self._turns.on_given_back(self, how)
 
 
 class ConnectTurns:
     """A worker's :class:`ConnectPacer` on its loop: waiters are futures."""
 
     def __init__(self, settings: PacingSettings = PacingSettings(),
-                 clock: Callable[[], float] = time.monotonic, on_wait: Callable[[], None] = lambda: None) -> None:
-        """``on_wait``: called for each connect that has to wait for its turn (a metric)."""
+                 clock: Callable[[], float] = time.monotonic, on_wait: Callable[[], None] = lambda: None,
+                 on_given_back: Callable[[Turn, str], None] = lambda turn, how: None) -> None:
+        """``on_wait``: called for each connect that has to wait for its turn (a metric);
+        ``on_given_back(turn, how)``: each turn once it is given back (a trace), ``how``
+        one of "answered", "held" (``hold_s`` passed), "failed", "timed out", "abandoned"."""
         self.pacer: ConnectPacer[Hashable, asyncio.Future[None]] = ConnectPacer(settings)
         self.clock = clock
         self.on_wait = on_wait
+        self.on_given_back = on_given_back
 
-    async def wait(self, key: Hashable) -> Turn:
-        """A turn to connect to ``key``, once one is free."""
+    async def wait(self, key: Hashable, source: Hashable = None) -> Turn:
+        """A turn to connect to ``key`` for a client at ``source`` (its address), once one is free."""
+        asked = self.clock()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if not self.pacer.admit(key, fut):
+        if not self.pacer.admit(key, fut, source):
             self.on_wait()
             try:
                 await fut
@@ -220,9 +264,9 @@ class ConnectTurns:
                 if fut.done() and not fut.cancelled():  # the turn came with the cancellation
                     self.give_back(key)
                 else:
-                    self.pacer.withdraw(key, fut)
+                    self.pacer.withdraw(key, fut, source)
                 raise
-        return Turn(self, key, self.clock())
+        return Turn(self, key, source, asked, self.clock())
 
     def give_back(self, key: Hashable) -> None:
         for fut in self.pacer.release(key):

@@ -120,7 +120,8 @@ class DataPath:
         self.registry.connect = self._connect_upstream
         # Per broker address, a bounded number of this worker's connects in flight (proxy.connect_pacing).
         self.connect_turns = ConnectTurns(pacing_for_workers(self.local.workers),
-                                          on_wait=self.metrics.upstream_connect_waits.inc)
+                                          on_wait=self.metrics.upstream_connect_waits.inc,
+                                          on_given_back=_trace_turn)
         self.registry.unstall = self._unstall
         self.registry.owned_here = self._owned_here
         self._setup_tls(config)
@@ -401,10 +402,11 @@ class DataPath:
             return transport
 
         turn: Turn | None = None
+        source = pair.peer.rpartition(":")[0]  # the client's address: its line for a turn
 
         async def wait_turn(address: HostPort) -> None:
             nonlocal turn
-            turn = await self.connect_turns.wait(address)
+            turn = await self.connect_turns.wait(address, source)
 
         def failed(address: HostPort, exc: BaseException) -> None:
             nonlocal turn
@@ -492,3 +494,17 @@ class DataPath:
                                        "%s:%d" % a if (a := address_of(b.node_id)) else None)
                           for b in sorted(self.brokers.values())),
         )
+
+
+def _trace_turn(turn: Turn, how: str) -> None:
+    """Per upstream connect (at DEBUG): how long it waited in line for a turn, how long the
+    connect took, and how long the turn was held after it; by client source address."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    now = turn.clock_now()
+    connected = turn.connected_at
+    log.debug("upstream connect turn", extra={
+        "source": turn.source, "broker": f"{turn.key}", "how": how, "limit": turn.limit(),
+        "waited_ms": round((turn.began - turn.asked) * 1000, 1),
+        "connect_ms": None if connected is None else round((connected - turn.began) * 1000, 1),
+        "held_ms": None if connected is None else round((now - connected) * 1000, 1)})

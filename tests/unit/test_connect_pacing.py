@@ -48,6 +48,28 @@ def test_a_withdrawn_waiter_never_gets_a_turn() -> None:
     assert p.release(A) == ["c"]
 
 
+def test_sources_take_turns_round_robin_so_a_busy_host_cannot_starve_another() -> None:
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(PacingSettings(initial=1, floor=1))
+    assert p.admit(A, "busy-0", "127.0.0.100")
+    for i in range(1, 5):
+        assert not p.admit(A, f"busy-{i}", "127.0.0.100")
+    assert not p.admit(A, "app-0", "127.0.0.1")  # another host, queued after four of the busy one's
+    assert not p.admit(A, "app-1", "127.0.0.1")
+    assert p.waiting(A) == 6
+    started = [w for _ in range(6) for w in p.release(A)]
+    assert started == ["busy-1", "app-0", "busy-2", "app-1", "busy-3", "busy-4"]
+    assert p.waiting(A) == 0 and p.in_flight(A) == 1
+
+
+def test_a_withdrawn_waiter_leaves_its_sources_line_and_the_round() -> None:
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(PacingSettings(initial=1, floor=1))
+    p.admit(A, "a", "h1"), p.admit(A, "b", "h1"), p.admit(A, "c", "h2"), p.admit(A, "d", "h1")
+    p.withdraw(A, "c", "h2")
+    p.withdraw(A, "c", "h1")  # not in that line: nothing happens
+    assert p.waiting(A) == 2
+    assert p.release(A) == ["b"] and p.release(A) == ["d"] and p.release(A) == []
+
+
 def test_fast_answers_grow_the_limit_additively_up_to_the_ceiling() -> None:
     p: ConnectPacer[tuple[str, int], str] = ConnectPacer(PacingSettings(initial=4, floor=2, ceiling=6))
     for _ in range(4):  # 1/limit each: 4.25, 4.49, 4.71, 4.92
@@ -119,9 +141,9 @@ def test_the_shell_never_has_more_than_the_limit_in_flight() -> None:
     peak = 0
     real_admit = turns.pacer.admit
 
-    def admit(key: object, waiter: asyncio.Future[None]) -> bool:
+    def admit(key: object, waiter: asyncio.Future[None], source: object = None) -> bool:
         nonlocal peak
-        started = real_admit(key, waiter)
+        started = real_admit(key, waiter, source)
         peak = max(peak, turns.pacer.in_flight(key))
         return started
 

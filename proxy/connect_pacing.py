@@ -11,12 +11,25 @@ would have taken a few milliseconds later. A faster node made it worse (BENCHMAR
 So each worker lets at most ``limit`` connects per broker address be unanswered: a turn
 is taken before the connect and given back once the broker answered the connection's
 first request (it was accepted then), once the connect failed, or ``hold_s`` after it
-connected when no answer came (a client that says nothing must not hold a turn). The
-limit adapts, additive increase and multiplicative decrease as in TCP: each turn answered
-within ``slow_s`` adds ``1 / limit``; a timed-out connect, or a turn that took ``slow_s``
-or longer (a retransmit: the queue was full), halves it, at most once per ``cut_every_s``
-(the turns already in flight when it was cut saw the same full queue). It starts at the
-broker's accept queue shared among the node's workers.
+connected when no answer came (a client that says nothing must not hold a turn; a broker
+busy with requests answers late without being short of accept queue). The limit adapts,
+additive increase and multiplicative decrease as in TCP: each turn answered in time adds
+``1 / limit``; a timed-out connect, a connect that took ``slow_s`` or longer (a SYN sent
+again: the queue was full), or a first answer ``late_answer_s`` or more after the turn
+began (the broker's SYN-ACK sent again: the handshake's last ACK found the queue full)
+halves it, at most once per ``cut_every_s`` (the turns already in flight when it was cut
+saw the same full queue). It starts at the broker's accept queue shared among the node's
+workers.
+
+Who gets the next turn: each client source address has its own line (FIFO within it),
+so one busy host cannot starve the others. A source whose line was empty (a host with a
+few connects, such as an application reconnecting after a failover) is served first, for
+up to ``sparse_turns`` turns; after that, and for the hosts with long lines, round robin
+(fq_codel's sparse-flow rule: without it an application host waits one round of every
+busy host per connect it makes; BENCHMARKS.md, "connect pacing by source"). And a source
+with nothing in line does not wait for a turn while fewer than ``limit + sparse_reserve``
+are in flight: its connect goes ahead of the busy hosts' lines, on a few turns they never
+get (freed turns go to the lines only up to ``limit``).
 
 A broker that does not answer at all (its host cut off: every connect times out) is not
 paced: after a timed-out connect, and until a connect to it is answered again, nobody
@@ -51,9 +64,21 @@ class PacingSettings:
     initial: int = 20
     floor: int = 2
     ceiling: int = 64
-    slow_s: float = 0.5  # under the kernel's first retransmit (1 s): a turn this long waited for one
+    slow_s: float = 0.5  # under the kernel's first retransmit (1 s): a connect this long waited for one
     cut_every_s: float = 1.0
-    hold_s: float = 1.0  # connected, no answer yet: the turn is given back after this long
+    # Connected, no answer yet: the turn is given back after this long. Short: a broker slow to
+    # answer is busy with requests, not short of accept queue, and a long hold starves the line.
+    hold_s: float = 0.25
+    # A first answer this late (from the turn's start) means the broker sent its SYN-ACK again
+    # (1 s): the handshake's last ACK found its accept queue full. A busy broker answers later
+    # than slow_s without any of that, so an answer is judged by this longer bound.
+    late_answer_s: float = 1.0
+    # Turns a source whose line was empty gets before the busy sources' round (0: none): a
+    # host with a few connects is not held behind the hosts with thousands in line.
+    sparse_turns: int = 8
+    # Turns above the limit for a source with nothing waiting (a host with a few connects goes
+    # ahead of a line it is not part of); limit + reserve stays under the accept queue at start.
+    sparse_reserve: int = 8
 
     def __attrs_post_init__(self) -> None:
         if not 1 <= self.floor <= self.initial <= self.ceiling:
@@ -68,14 +93,18 @@ def pacing_for_workers(workers: int) -> PacingSettings:
 
 
 class _Lane(Generic[W]):
-    __slots__ = ("limit", "in_flight", "lines", "waiting", "cut_at", "failing")
+    __slots__ = ("limit", "in_flight", "lines", "sparse", "busy", "sparse_turns", "waiting", "cut_at", "failing")
 
-    def __init__(self, limit: float) -> None:
+    def __init__(self, limit: float, sparse_turns: int) -> None:
         self.limit = limit
         self.in_flight = 0
-        # One line per client source address, FIFO within it; the dict's order is the round:
-        # the next turn goes to the first source, which then goes to the back if it still waits.
+        # One line per client source address, FIFO within it. A source whose line was empty
+        # (sparse: a host with a few connects) is served first, for up to ``sparse_turns``
+        # turns; then, and for every other source, round robin (fq_codel's new and old flows).
         self.lines: dict[Hashable, deque[W]] = {}
+        self.sparse: dict[Hashable, int] = {}  # source -> turns left at the front
+        self.busy: dict[Hashable, None] = {}  # the round's order
+        self.sparse_turns = sparse_turns
         self.waiting = 0
         self.cut_at = float("-inf")
         self.failing = False  # the last outcome was a timeout: no turns until an answer comes
@@ -84,17 +113,44 @@ class _Lane(Generic[W]):
         line = self.lines.get(source)
         if line is None:
             line = self.lines[source] = deque()
+            if self.sparse_turns > 0:
+                self.sparse[source] = self.sparse_turns
+            else:
+                self.busy[source] = None
         line.append(waiter)
         self.waiting += 1
 
     def next_waiter(self) -> W:
-        source = next(iter(self.lines))
-        line = self.lines.pop(source)
-        waiter = line.popleft()
-        if line:
-            self.lines[source] = line  # to the back of the round
-        self.waiting -= 1
+        if self.sparse:
+            source = next(iter(self.sparse))
+            waiter = self._take(source)
+            if source in self.lines:
+                left = self.sparse[source] - 1
+                if left > 0:
+                    self.sparse[source] = left
+                else:
+                    del self.sparse[source]
+                    self.busy[source] = None
+            return waiter
+        source = next(iter(self.busy))
+        waiter = self._take(source)
+        if source in self.lines:
+            del self.busy[source]
+            self.busy[source] = None  # to the back of the round
         return waiter
+
+    def _take(self, source: Hashable) -> W:
+        line = self.lines[source]
+        waiter = line.popleft()
+        self.waiting -= 1
+        if not line:
+            self._forget(source)
+        return waiter
+
+    def _forget(self, source: Hashable) -> None:
+        del self.lines[source]
+        self.sparse.pop(source, None)
+        self.busy.pop(source, None)
 
     def remove(self, source: Hashable, waiter: W) -> None:
         line = self.lines.get(source)
@@ -103,7 +159,7 @@ class _Lane(Generic[W]):
         line.remove(waiter)
         self.waiting -= 1
         if not line:
-            del self.lines[source]
+            self._forget(source)
 
 
 class ConnectPacer(Generic[K, W]):
@@ -116,7 +172,7 @@ class ConnectPacer(Generic[K, W]):
     def _lane(self, key: K) -> _Lane[W]:
         lane = self._lanes.get(key)
         if lane is None:
-            lane = self._lanes[key] = _Lane(float(self.settings.initial))
+            lane = self._lanes[key] = _Lane(float(self.settings.initial), self.settings.sparse_turns)
         return lane
 
     def limit(self, key: K) -> int:
@@ -131,9 +187,12 @@ class ConnectPacer(Generic[K, W]):
     def admit(self, key: K, waiter: W, source: Hashable = None) -> bool:
         """True: ``waiter`` has a turn now (it is counted in flight). False: it is queued in
         ``source``'s line (the client's address), and comes out of :meth:`release` when its
-        turn comes: the sources waiting take turns round robin, each in its own order."""
+        turn comes. A source with nothing in line may go ahead on one of ``sparse_reserve``
+        turns above the limit."""
         lane = self._lane(key)
-        if lane.failing or (not lane.waiting and lane.in_flight < int(lane.limit)):
+        limit = int(lane.limit)
+        if (lane.failing or (not lane.waiting and lane.in_flight < limit)
+                or (source not in lane.lines and lane.in_flight < limit + self.settings.sparse_reserve)):
             lane.in_flight += 1
             return True
         lane.queue(source, waiter)
@@ -143,13 +202,15 @@ class ConnectPacer(Generic[K, W]):
         """A queued ``waiter`` gave up before its turn came."""
         self._lane(key).remove(source, waiter)
 
-    def observe(self, key: K, now: float, elapsed_s: float, *, timed_out: bool = False) -> None:
+    def observe(self, key: K, now: float, elapsed_s: float, *, timed_out: bool = False,
+                slow_s: float | None = None) -> None:
         """A turn's outcome: its connect timed out, or the broker answered ``elapsed_s`` after
-        the turn began (or the connect alone took that long)."""
+        the turn began (or the connect alone took that long); slow from ``slow_s`` (default:
+        the settings')."""
         s = self.settings
         lane = self._lane(key)
         lane.failing = timed_out
-        if timed_out or elapsed_s >= s.slow_s:
+        if timed_out or elapsed_s >= (s.slow_s if slow_s is None else slow_s):
             if now - lane.cut_at >= s.cut_every_s:
                 lane.limit = max(float(s.floor), lane.limit / 2)
                 lane.cut_at = now
@@ -210,7 +271,7 @@ class Turn:
     def answered(self) -> None:
         """The broker's first bytes on this connection."""
         if not self._observed:
-            self._observe(self._turns.clock() - self.began)
+            self._observe(self._turns.clock() - self.began, self._turns.pacer.settings.late_answer_s)
         self._give_back("answered")
 
     def failed(self, *, timed_out: bool) -> None:
@@ -224,9 +285,9 @@ class Turn:
         """The connection closed, or its connect was cancelled."""
         self._give_back("abandoned")
 
-    def _observe(self, elapsed: float) -> None:
+    def _observe(self, elapsed: float, slow_s: float | None = None) -> None:
         self._observed = True
-        self._turns.pacer.observe(self.key, self._turns.clock(), elapsed)
+        self._turns.pacer.observe(self.key, self._turns.clock(), elapsed, slow_s=slow_s)
 
     def _give_back(self, how: str) -> None:
         if self._timer is not None:

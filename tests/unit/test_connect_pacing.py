@@ -14,16 +14,21 @@ pytestmark = [pytest.mark.unit]
 A, B = ("10.0.0.1", 9092), ("10.0.0.2", 9092)
 
 
+def _limit_only(**settings: float) -> PacingSettings:
+    """No turns above the limit (sparse_reserve 0) unless a test asks for them."""
+    return PacingSettings(**{"sparse_reserve": 0, **settings})  # type: ignore[arg-type]
+
+
 def test_the_initial_limit_is_the_brokers_queue_shared_by_the_workers() -> None:
     assert pacing_for_workers(1).initial == 40
     assert pacing_for_workers(2).initial == 20
     assert pacing_for_workers(64).initial == 2  # never under the floor
     with pytest.raises(ValueError):
-        PacingSettings(initial=1, floor=2)
+        _limit_only(initial=1, floor=2)
 
 
 def test_beyond_the_limit_waiters_queue_and_start_in_order_as_turns_come_back() -> None:
-    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(PacingSettings(initial=2, floor=1))
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=2, floor=1))
     assert [p.admit(A, w) for w in "abcd"] == [True, True, False, False]
     assert p.admit(B, "x") is True  # another broker has its own turns
     assert (p.in_flight(A), p.waiting(A)) == (2, 2)
@@ -33,7 +38,7 @@ def test_beyond_the_limit_waiters_queue_and_start_in_order_as_turns_come_back() 
 
 
 def test_a_newcomer_does_not_jump_the_queue() -> None:
-    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(PacingSettings(initial=1, floor=1))
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=1, floor=1))
     assert p.admit(A, "a") and not p.admit(A, "b")
     p.observe(A, 0.0, 0.01)  # the limit grows to 2, but "b" waits first
     assert p.admit(A, "c") is False
@@ -41,15 +46,15 @@ def test_a_newcomer_does_not_jump_the_queue() -> None:
 
 
 def test_a_withdrawn_waiter_never_gets_a_turn() -> None:
-    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(PacingSettings(initial=1, floor=1))
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=1, floor=1))
     p.admit(A, "a"), p.admit(A, "b"), p.admit(A, "c")
     p.withdraw(A, "b")
     p.withdraw(A, "zz")  # unknown: nothing happens
     assert p.release(A) == ["c"]
 
 
-def test_sources_take_turns_round_robin_so_a_busy_host_cannot_starve_another() -> None:
-    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(PacingSettings(initial=1, floor=1))
+def test_busy_sources_take_turns_round_robin_so_one_host_cannot_starve_another() -> None:
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=1, floor=1, sparse_turns=0))
     assert p.admit(A, "busy-0", "127.0.0.100")
     for i in range(1, 5):
         assert not p.admit(A, f"busy-{i}", "127.0.0.100")
@@ -61,8 +66,35 @@ def test_sources_take_turns_round_robin_so_a_busy_host_cannot_starve_another() -
     assert p.waiting(A) == 0 and p.in_flight(A) == 1
 
 
+def test_a_host_with_few_connects_waiting_goes_before_the_busy_hosts_round() -> None:
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=1, floor=1, sparse_turns=2))
+    assert p.admit(A, "busy-0", "h1")
+    for i in range(1, 6):
+        p.admit(A, f"busy-{i}", "h1")
+    p.admit(A, "other-0", "h2")
+    assert [w for w in p.release(A) + p.release(A)] == ["busy-1", "busy-2"]  # h1's sparse turns
+    p.admit(A, "app-0", "h3"), p.admit(A, "app-1", "h3"), p.admit(A, "app-2", "h3")
+    started = [w for _ in range(6) for w in p.release(A)]
+    # h2 first (sparse, came before h3), then h3's two sparse turns, then the round: h1, h3, h1
+    assert started == ["other-0", "app-0", "app-1", "busy-3", "app-2", "busy-4"]
+    assert p.release(A) == ["busy-5"] and p.waiting(A) == 0
+
+
+def test_a_source_with_nothing_in_line_goes_ahead_on_the_reserve_above_the_limit() -> None:
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(PacingSettings(initial=1, floor=1, sparse_reserve=1))
+    assert p.admit(A, "busy-0", "h1") and p.admit(A, "busy-1", "h1")  # the limit, then the reserve
+    assert not p.admit(A, "busy-2", "h1")  # h1 is in line now
+    assert p.release(A) == []  # the reserve is not handed to the lines: back to the limit only
+    assert not p.admit(A, "busy-3", "h1")  # h1 has a line: it waits, reserve or not
+    assert p.admit(A, "app-0", "h2")  # h2 has nothing in line: it goes ahead on the reserve
+    assert not p.admit(A, "app-1", "h2")  # the reserve is taken: in line now
+    assert p.in_flight(A) == 2 and p.waiting(A) == 3
+    assert p.release(A) == []
+    assert p.release(A) == ["busy-2"]
+
+
 def test_a_withdrawn_waiter_leaves_its_sources_line_and_the_round() -> None:
-    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(PacingSettings(initial=1, floor=1))
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=1, floor=1))
     p.admit(A, "a", "h1"), p.admit(A, "b", "h1"), p.admit(A, "c", "h2"), p.admit(A, "d", "h1")
     p.withdraw(A, "c", "h2")
     p.withdraw(A, "c", "h1")  # not in that line: nothing happens
@@ -71,7 +103,7 @@ def test_a_withdrawn_waiter_leaves_its_sources_line_and_the_round() -> None:
 
 
 def test_fast_answers_grow_the_limit_additively_up_to_the_ceiling() -> None:
-    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(PacingSettings(initial=4, floor=2, ceiling=6))
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=4, floor=2, ceiling=6))
     for _ in range(4):  # 1/limit each: 4.25, 4.49, 4.71, 4.92
         p.observe(A, 0.0, 0.01)
     assert p.limit(A) == 4
@@ -84,7 +116,7 @@ def test_fast_answers_grow_the_limit_additively_up_to_the_ceiling() -> None:
 
 def test_a_slow_turn_or_a_timeout_halves_the_limit_once_per_interval() -> None:
     p: ConnectPacer[tuple[str, int], str] = ConnectPacer(
-        PacingSettings(initial=32, floor=3, slow_s=0.5, cut_every_s=1.0))
+        _limit_only(initial=32, floor=3, slow_s=0.5, cut_every_s=1.0))
     p.observe(A, 10.0, 1.2)  # a retransmitted SYN
     assert p.limit(A) == 16
     p.observe(A, 10.5, 3.0, timed_out=True)  # the same full queue: not cut again
@@ -98,7 +130,7 @@ def test_a_slow_turn_or_a_timeout_halves_the_limit_once_per_interval() -> None:
 
 
 def test_a_lower_limit_lets_the_turns_in_flight_finish_before_anyone_starts() -> None:
-    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(PacingSettings(initial=4, floor=1))
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=4, floor=1))
     for w in "abcd":
         p.admit(A, w)
     p.admit(A, "e")
@@ -110,7 +142,7 @@ def test_a_lower_limit_lets_the_turns_in_flight_finish_before_anyone_starts() ->
 def test_a_broker_whose_connects_time_out_is_not_paced_until_it_answers_again() -> None:
     """Its host is cut off: waiting in line would only delay each client's own timeout (and a
     bootstrap connection's move to the next broker)."""
-    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(PacingSettings(initial=2, floor=2))
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=2, floor=2))
     assert [p.admit(A, w) for w in "abcd"] == [True, True, False, False]
     p.observe(A, 5.0, 5.0, timed_out=True)
     assert p.release(A) == ["c", "d"]  # everyone queued goes
@@ -137,7 +169,7 @@ async def _turns_in_order(turns: ConnectTurns) -> list[str]:
 
 def test_the_shell_never_has_more_than_the_limit_in_flight() -> None:
     waits = []
-    turns = ConnectTurns(PacingSettings(initial=2, floor=1, ceiling=2), on_wait=lambda: waits.append(1))
+    turns = ConnectTurns(_limit_only(initial=2, floor=1, ceiling=2), on_wait=lambda: waits.append(1))
     peak = 0
     real_admit = turns.pacer.admit
 
@@ -156,7 +188,7 @@ def test_the_shell_never_has_more_than_the_limit_in_flight() -> None:
 
 def test_a_connected_turn_without_an_answer_is_given_back_after_hold_s() -> None:
     async def main() -> tuple[int, int, int]:
-        turns = ConnectTurns(PacingSettings(initial=1, floor=1, hold_s=0.05))
+        turns = ConnectTurns(_limit_only(initial=1, floor=1, hold_s=0.05))
         first = await turns.wait(A)
         first.connected()
         second = asyncio.ensure_future(turns.wait(A))
@@ -175,7 +207,7 @@ def test_a_late_answer_or_a_timeout_cuts_the_limit_on_the_injected_clock() -> No
     now = [100.0]
 
     async def main() -> list[int]:
-        turns = ConnectTurns(PacingSettings(initial=8, floor=1, slow_s=0.5, cut_every_s=1.0), clock=lambda: now[0])
+        turns = ConnectTurns(_limit_only(initial=8, floor=1, slow_s=0.5, cut_every_s=1.0), clock=lambda: now[0])
         limits = []
         turn = await turns.wait(A)
         turn.connected()
@@ -200,9 +232,28 @@ def test_a_late_answer_or_a_timeout_cuts_the_limit_on_the_injected_clock() -> No
     assert uvloop.run(main()) == [8, 4, 4, 2, 2, 0]
 
 
+def test_a_busy_brokers_slow_answer_is_no_cut_but_one_after_a_resent_syn_ack_is() -> None:
+    now = [100.0]
+
+    async def main() -> list[int]:
+        turns = ConnectTurns(_limit_only(initial=8, floor=1, slow_s=0.5, late_answer_s=1.0, cut_every_s=1.0),
+                             clock=lambda: now[0])
+        limits = []
+        for answer_after in (0.7, 1.2):  # under, then over late_answer_s
+            turn = await turns.wait(A)
+            now[0] += 0.01
+            turn.connected()
+            now[0] += answer_after
+            turn.answered()
+            limits.append(turns.pacer.limit(A))
+        return limits
+
+    assert uvloop.run(main()) == [8, 4]
+
+
 def test_a_waiter_cancelled_in_the_queue_leaves_no_turn_behind() -> None:
     async def main() -> tuple[int, int]:
-        turns = ConnectTurns(PacingSettings(initial=1, floor=1))
+        turns = ConnectTurns(_limit_only(initial=1, floor=1))
         held = await turns.wait(A)
         doomed = asyncio.ensure_future(turns.wait(A))
         after = asyncio.ensure_future(turns.wait(A))
@@ -221,7 +272,7 @@ def test_a_waiter_cancelled_in_the_queue_leaves_no_turn_behind() -> None:
 def test_first_connection_waits_for_a_turn_outside_the_connect_timeout() -> None:
     """A turn that takes longer than the connect timeout does not time the connect out."""
     async def main() -> tuple[object, list[str]]:
-        turns = ConnectTurns(PacingSettings(initial=1, floor=1))
+        turns = ConnectTurns(_limit_only(initial=1, floor=1))
         held = await turns.wait(A)
         asyncio.get_running_loop().call_later(0.2, held.abandon)
         failures: list[str] = []

@@ -203,6 +203,27 @@ def test_a_connected_turn_without_an_answer_is_given_back_after_hold_s() -> None
     assert uvloop.run(main()) == (1, 1, 0)
 
 
+def test_each_turn_given_back_is_traced_once_with_its_wait_in_line_and_how_it_ended() -> None:
+    now = [10.0]
+    traced: list[tuple[str, object, float]] = []
+
+    async def main() -> None:
+        turns = ConnectTurns(_limit_only(initial=1, floor=1), clock=lambda: now[0],
+                             on_given_back=lambda t, how: traced.append((how, t.source, t.began - t.asked)))
+        first = await turns.wait(A, "h1")
+        second = asyncio.ensure_future(turns.wait(A, "h2"))
+        await asyncio.sleep(0)
+        now[0] += 0.3
+        first.connected()
+        first.answered()
+        first.abandon()  # the pair closes later: given back already, not traced again
+        turn = await asyncio.wait_for(second, 5.0)
+        turn.failed(timed_out=False)
+
+    uvloop.run(main())
+    assert traced == [("answered", "h1", 0.0), ("failed", "h2", pytest.approx(0.3))]
+
+
 def test_a_late_answer_or_a_timeout_cuts_the_limit_on_the_injected_clock() -> None:
     now = [100.0]
 

@@ -27,9 +27,9 @@ few connects, such as an application reconnecting after a failover) is served fi
 up to ``sparse_turns`` turns; after that, and for the hosts with long lines, round robin
 (fq_codel's sparse-flow rule: without it an application host waits one round of every
 busy host per connect it makes; BENCHMARKS.md, "connect pacing by source"). And a source
-with nothing in line does not wait for a turn while fewer than ``limit + sparse_reserve``
-are in flight: its connect goes ahead of the busy hosts' lines, on a few turns they never
-get (freed turns go to the lines only up to ``limit``).
+with nothing in line does not wait while fewer than ``sparse_reserve`` such turns are out:
+its connect goes ahead of the busy hosts' lines, on a few turns of their own, counted
+apart from ``limit`` (the lines never get them; a cut limit does not take them away).
 
 A broker that does not answer at all (its host cut off: every connect times out) is not
 paced: after a timed-out connect, and until a connect to it is answered again, nobody
@@ -43,6 +43,7 @@ is its asyncio shell, one per worker's data path.
 from __future__ import annotations
 
 import asyncio
+import enum
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -50,7 +51,7 @@ from typing import Generic, TypeVar
 
 import attrs
 
-__all__ = ("BROKER_ACCEPT_QUEUE", "ConnectPacer", "ConnectTurns", "PacingSettings", "Turn", "pacing_for_workers")
+__all__ = ("BROKER_ACCEPT_QUEUE", "Admission", "ConnectPacer", "ConnectTurns", "PacingSettings", "Turn", "pacing_for_workers")
 
 K = TypeVar("K", bound=Hashable)
 W = TypeVar("W")
@@ -76,7 +77,7 @@ class PacingSettings:
     # Turns a source whose line was empty gets before the busy sources' round (0: none): a
     # host with a few connects is not held behind the hosts with thousands in line.
     sparse_turns: int = 8
-    # Turns above the limit for a source with nothing waiting (a host with a few connects goes
+    # Turns beside the limit for a source with nothing waiting (a host with a few connects goes
     # ahead of a line it is not part of); limit + reserve stays under the accept queue at start.
     sparse_reserve: int = 8
 
@@ -92,12 +93,20 @@ def pacing_for_workers(workers: int) -> PacingSettings:
     return attrs.evolve(defaults, initial=max(defaults.floor, _SHARE_OF_QUEUE // max(1, workers)))
 
 
+class Admission(enum.IntEnum):
+    QUEUED = 0
+    TURN = 1  # under the limit
+    RESERVE = 2  # one of the sparse sources' reserve turns
+
+
 class _Lane(Generic[W]):
-    __slots__ = ("limit", "in_flight", "lines", "sparse", "busy", "sparse_turns", "waiting", "cut_at", "failing")
+    __slots__ = ("limit", "in_flight", "reserved", "lines", "sparse", "busy", "sparse_turns", "waiting", "cut_at",
+                 "failing")
 
     def __init__(self, limit: float, sparse_turns: int) -> None:
         self.limit = limit
         self.in_flight = 0
+        self.reserved = 0  # turns out of the sparse sources' reserve, beside in_flight
         # One line per client source address, FIFO within it. A source whose line was empty
         # (sparse: a host with a few connects) is served first, for up to ``sparse_turns``
         # turns; then, and for every other source, round robin (fq_codel's new and old flows).
@@ -179,24 +188,29 @@ class ConnectPacer(Generic[K, W]):
         return int(self._lane(key).limit)
 
     def in_flight(self, key: K) -> int:
+        """Turns out under the limit (the reserve's apart: :meth:`reserved`)."""
         return self._lane(key).in_flight
+
+    def reserved(self, key: K) -> int:
+        return self._lane(key).reserved
 
     def waiting(self, key: K) -> int:
         return self._lane(key).waiting
 
-    def admit(self, key: K, waiter: W, source: Hashable = None) -> bool:
-        """True: ``waiter`` has a turn now (it is counted in flight). False: it is queued in
-        ``source``'s line (the client's address), and comes out of :meth:`release` when its
-        turn comes. A source with nothing in line may go ahead on one of ``sparse_reserve``
-        turns above the limit."""
+    def admit(self, key: K, waiter: W, source: Hashable = None) -> Admission:
+        """TURN or RESERVE: ``waiter`` has a turn now (counted in flight, or out of the
+        reserve). QUEUED: it is in ``source``'s line (the client's address), and comes out of
+        :meth:`release` when its turn comes. A source with nothing in line goes ahead on one
+        of ``sparse_reserve`` reserve turns if one is free."""
         lane = self._lane(key)
-        limit = int(lane.limit)
-        if (lane.failing or (not lane.waiting and lane.in_flight < limit)
-                or (source not in lane.lines and lane.in_flight < limit + self.settings.sparse_reserve)):
+        if lane.failing or (not lane.waiting and lane.in_flight < int(lane.limit)):
             lane.in_flight += 1
-            return True
+            return Admission.TURN
+        if source not in lane.lines and lane.reserved < self.settings.sparse_reserve:
+            lane.reserved += 1
+            return Admission.RESERVE
         lane.queue(source, waiter)
-        return False
+        return Admission.QUEUED
 
     def withdraw(self, key: K, waiter: W, source: Hashable = None) -> None:
         """A queued ``waiter`` gave up before its turn came."""
@@ -217,9 +231,13 @@ class ConnectPacer(Generic[K, W]):
         else:
             lane.limit = min(float(s.ceiling), lane.limit + 1 / lane.limit)
 
-    def release(self, key: K) -> list[W]:
-        """A turn is given back: the waiters whose turn it is now (counted in flight), in order."""
+    def release(self, key: K, *, reserved: bool = False) -> list[W]:
+        """A turn is given back (``reserved``: one of the reserve): the waiters whose turn it
+        is now (counted in flight), in order. A reserve turn frees a reserve turn only."""
         lane = self._lane(key)
+        if reserved:
+            lane.reserved -= 1
+            return []
         lane.in_flight -= 1
         started: list[W] = []
         while lane.waiting and (lane.failing or lane.in_flight < int(lane.limit)):
@@ -233,12 +251,15 @@ class Turn:
     once, whichever comes first: :meth:`failed`, :meth:`answered`, :meth:`abandon`, or
     ``hold_s`` after :meth:`connected`."""
 
-    __slots__ = ("_turns", "key", "source", "asked", "began", "connected_at", "_held", "_observed", "_timer")
+    __slots__ = ("_turns", "key", "source", "reserved", "asked", "began", "connected_at", "_held", "_observed",
+                 "_timer")
 
-    def __init__(self, turns: ConnectTurns, key: Hashable, source: Hashable, asked: float, began: float) -> None:
+    def __init__(self, turns: ConnectTurns, key: Hashable, source: Hashable, asked: float, began: float, *,
+                 reserved: bool = False) -> None:
         self._turns = turns
         self.key = key
         self.source = source
+        self.reserved = reserved  # one of the sparse sources' reserve turns
         self.asked = asked  # when the connection asked for a turn: began - asked is its wait in line
         self.began = began
         self.connected_at: float | None = None
@@ -295,7 +316,7 @@ class Turn:
             self._timer = None
         if self._held:
             self._held = False
-            self._turns.give_back(self.key)
+            self._turns.give_back(self.key, reserved=self.reserved)
             self._turns.on_given_back(self, how)
 
 
@@ -317,7 +338,8 @@ class ConnectTurns:
         """A turn to connect to ``key`` for a client at ``source`` (its address), once one is free."""
         asked = self.clock()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if not self.pacer.admit(key, fut, source):
+        admission = self.pacer.admit(key, fut, source)
+        if admission is Admission.QUEUED:
             self.on_wait()
             try:
                 await fut
@@ -327,10 +349,10 @@ class ConnectTurns:
                 else:
                     self.pacer.withdraw(key, fut, source)
                 raise
-        return Turn(self, key, source, asked, self.clock())
+        return Turn(self, key, source, asked, self.clock(), reserved=admission is Admission.RESERVE)
 
-    def give_back(self, key: Hashable) -> None:
-        for fut in self.pacer.release(key):
+    def give_back(self, key: Hashable, *, reserved: bool = False) -> None:
+        for fut in self.pacer.release(key, reserved=reserved):
             if fut.done():  # cancelled while queued and not yet withdrawn: pass the turn on
                 self.give_back(key)
             else:

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 import uvloop
 
-from proxy.connect_pacing import ConnectPacer, ConnectTurns, PacingSettings, pacing_for_workers
+from proxy.connect_pacing import Admission, ConnectPacer, ConnectTurns, PacingSettings, pacing_for_workers
 from proxy.sockets import first_connection
 
 pytestmark = [pytest.mark.unit]
@@ -30,7 +30,7 @@ def test_the_initial_limit_is_the_brokers_queue_shared_by_the_workers() -> None:
 def test_beyond_the_limit_waiters_queue_and_start_in_order_as_turns_come_back() -> None:
     p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=2, floor=1))
     assert [p.admit(A, w) for w in "abcd"] == [True, True, False, False]
-    assert p.admit(B, "x") is True  # another broker has its own turns
+    assert p.admit(B, "x") is Admission.TURN  # another broker has its own turns
     assert (p.in_flight(A), p.waiting(A)) == (2, 2)
     assert p.release(A) == ["c"]
     assert p.release(A) == ["d"]
@@ -41,7 +41,7 @@ def test_a_newcomer_does_not_jump_the_queue() -> None:
     p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=1, floor=1))
     assert p.admit(A, "a") and not p.admit(A, "b")
     p.observe(A, 0.0, 0.01)  # the limit grows to 2, but "b" waits first
-    assert p.admit(A, "c") is False
+    assert p.admit(A, "c") is Admission.QUEUED
     assert p.release(A) == ["b", "c"]
 
 
@@ -80,16 +80,18 @@ def test_a_host_with_few_connects_waiting_goes_before_the_busy_hosts_round() -> 
     assert p.release(A) == ["busy-5"] and p.waiting(A) == 0
 
 
-def test_a_source_with_nothing_in_line_goes_ahead_on_the_reserve_above_the_limit() -> None:
+def test_a_source_with_nothing_in_line_goes_ahead_on_a_reserve_turn_beside_the_limit() -> None:
     p: ConnectPacer[tuple[str, int], str] = ConnectPacer(PacingSettings(initial=1, floor=1, sparse_reserve=1))
-    assert p.admit(A, "busy-0", "h1") and p.admit(A, "busy-1", "h1")  # the limit, then the reserve
-    assert not p.admit(A, "busy-2", "h1")  # h1 is in line now
-    assert p.release(A) == []  # the reserve is not handed to the lines: back to the limit only
-    assert not p.admit(A, "busy-3", "h1")  # h1 has a line: it waits, reserve or not
-    assert p.admit(A, "app-0", "h2")  # h2 has nothing in line: it goes ahead on the reserve
-    assert not p.admit(A, "app-1", "h2")  # the reserve is taken: in line now
-    assert p.in_flight(A) == 2 and p.waiting(A) == 3
-    assert p.release(A) == []
+    assert p.admit(A, "busy-0", "h1") is Admission.TURN
+    assert p.admit(A, "busy-1", "h1") is Admission.RESERVE  # h1 had nothing in line
+    assert p.admit(A, "busy-2", "h1") is Admission.QUEUED  # the reserve is out: h1 is in line now
+    assert p.release(A, reserved=True) == []  # a reserve turn back frees the reserve, not the line
+    assert p.admit(A, "busy-3", "h1") is Admission.QUEUED  # h1 has a line: it waits, reserve or not
+    assert p.admit(A, "app-0", "h2") is Admission.RESERVE  # h2 has nothing in line: it goes ahead
+    assert p.admit(A, "app-1", "h2") is Admission.QUEUED
+    assert (p.in_flight(A), p.reserved(A), p.waiting(A)) == (1, 1, 3)
+    p.observe(A, 0.0, 2.0)  # a cut (the floor here) does not take the reserve away
+    assert p.release(A, reserved=True) == [] and p.admit(A, "app-2", "h3") is Admission.RESERVE
     assert p.release(A) == ["busy-2"]
 
 
@@ -146,9 +148,9 @@ def test_a_broker_whose_connects_time_out_is_not_paced_until_it_answers_again() 
     assert [p.admit(A, w) for w in "abcd"] == [True, True, False, False]
     p.observe(A, 5.0, 5.0, timed_out=True)
     assert p.release(A) == ["c", "d"]  # everyone queued goes
-    assert p.admit(A, "e") is True and p.in_flight(A) == 4
+    assert p.admit(A, "e") is Admission.TURN and p.in_flight(A) == 4
     p.observe(A, 6.0, 0.01)  # answered again: paced again
-    assert p.admit(A, "f") is False
+    assert p.admit(A, "f") is Admission.QUEUED
     assert [p.release(A) for _ in range(3)] == [[], [], ["f"]]
 
 

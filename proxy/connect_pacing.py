@@ -26,10 +26,11 @@ so one busy host cannot starve the others. A source whose line was empty (a host
 few connects, such as an application reconnecting after a failover) is served first, for
 up to ``sparse_turns`` turns; after that, and for the hosts with long lines, round robin
 (fq_codel's sparse-flow rule: without it an application host waits one round of every
-busy host per connect it makes; BENCHMARKS.md, "connect pacing by source"). And a source
-with nothing in line does not wait while fewer than ``sparse_reserve`` such turns are out:
-its connect goes ahead of the busy hosts' lines, on a few turns of their own, counted
-apart from ``limit`` (the lines never get them; a cut limit does not take them away).
+busy host per connect it makes; BENCHMARKS.md, "Connect pacing back, with a line per
+client source"). And a source with nothing in line does not wait while fewer than
+``sparse_reserve`` such turns are out: its connect goes ahead of the busy hosts' lines, on
+a few turns of their own, counted apart from ``limit`` (the lines never get them; a cut
+limit does not take them away).
 
 A broker that does not answer at all (its host cut off: every connect times out) is not
 paced: after a timed-out connect, and until a connect to it is answered again, nobody

@@ -37,6 +37,7 @@ from proxy.splice import Splice
 from proxy.tls import TLS_ESTABLISHED, TlsEndpoint, describe, start_server_tls
 
 if TYPE_CHECKING:
+    from proxy.connect_pacing import Turn
     from proxy.registry import ConnectionRegistry
 
 log = logging.getLogger("kproxy.proxy")
@@ -49,7 +50,7 @@ class Pair:
     checks read a plain attribute); ``drain`` exists once a drain started."""
 
     __slots__ = ("registry", "listener", "client", "upstream", "codec", "closed", "draining", "peer", "upstream_addr",
-                 "_pending", "tap", "splice", "group", "drain", "tls")
+                 "_pending", "tap", "splice", "group", "drain", "tls", "turn")
     _ids = itertools.count()
 
     def __init__(self, registry: ConnectionRegistry, listener: int) -> None:
@@ -68,6 +69,8 @@ class Pair:
         self.splice: Splice | None = None  # a response body being spliced to the client (proxy.splice)
         self.tap: Tap | None = None
         self.tls = False  # either side is TLS: its bytes are encrypted in user space, never spliced
+        # The upstream connect's turn (proxy.connect_pacing), given back at the broker's first answer.
+        self.turn: Turn | None = None
         if registry.tap_dir:
             self.tap = Tap(f"{registry.tap_dir}/{registry.node_id}-{os.getpid()}-{next(self._ids)}.bin")
 
@@ -75,6 +78,9 @@ class Pair:
         if self.closed:
             return
         self.closed = True
+        if self.turn is not None:
+            self.turn.abandon()
+            self.turn = None
         log.log(level, "closing connection", extra={"peer": self.peer, "listener": self.listener, "reason": reason})
         if self.splice is not None:  # before the transports: it holds dup'ed fds of both sockets
             self.splice.cancel()
@@ -248,6 +254,9 @@ class UpstreamSide(asyncio.BufferedProtocol):
 
     def buffer_updated(self, nbytes: int) -> None:
         pair = self.pair
+        if pair.turn is not None:  # the broker's first answer: it accepted the connection
+            pair.turn.answered()
+            pair.turn = None
         registry = pair.registry
         responses = pair.codec.responses
         try:

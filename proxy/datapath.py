@@ -41,6 +41,7 @@ from proxy.addresses.floating import FloatingAddresses
 from proxy.addresses.tickle import ClientPair
 from proxy.advertised import AdvertisedAddresses
 from proxy.config import Config, HostPort, proxy_node
+from proxy.connect_pacing import ConnectTurns, Turn, pacing_for_workers
 from proxy.connection import Pair, UpstreamSide
 from proxy.discovery import BrokerDiscovery
 from proxy.drain import CloseListeners, DrainAt, DrainConnections, NodeDrain, Rebind
@@ -117,6 +118,10 @@ class DataPath:
                                            max_connections=client_capacity(config.limits.max_connections,
                                                                            self.local.workers))
         self.registry.connect = self._connect_upstream
+        # Per broker address, a bounded number of this worker's connects in flight (proxy.connect_pacing).
+        self.connect_turns = ConnectTurns(pacing_for_workers(self.local.workers),
+                                          on_wait=self.metrics.upstream_connect_waits.inc,
+                                          on_given_back=_trace_turn)
         self.registry.unstall = self._unstall
         self.registry.owned_here = self._owned_here
         self._setup_tls(config)
@@ -401,26 +406,48 @@ class DataPath:
                     ssl=tls, server_hostname=address.host, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
             return transport
 
+        turn: Turn | None = None
+        source = pair.peer.rpartition(":")[0]  # the client's address: its line for a turn
+
+        async def wait_turn(address: HostPort) -> None:
+            nonlocal turn
+            turn = await self.connect_turns.wait(address, source)
+
         def failed(address: HostPort, exc: BaseException) -> None:
+            nonlocal turn
+            if turn is not None:
+                turn.failed(timed_out=isinstance(exc, TimeoutError))
+                turn = None
             if tls is not None and isinstance(exc, ssl.SSLError):
                 reason = self.tls_failures.failed("broker", exc)
                 log.warning("TLS handshake with a broker failed", extra={
                     "broker": f"{address}", "reason": reason, "error": describe(exc)})
             errors.append(f"{address}: {describe_error(exc)}")
 
-        reached = await first_connection(connect, self.discovery.upstream_for(pair.listener),
-                                         timeout_s=self.config.limits.connect_timeout_s,
-                                         timeout_retries=UPSTREAM_TIMEOUT_RETRIES, stop=lambda: pair.closed,
-                                         failed=failed)
+        try:
+            reached = await first_connection(connect, self.discovery.upstream_for(pair.listener),
+                                             timeout_s=self.config.limits.connect_timeout_s,
+                                             timeout_retries=UPSTREAM_TIMEOUT_RETRIES, stop=lambda: pair.closed,
+                                             failed=failed, wait_turn=wait_turn)
+        except BaseException:
+            if turn is not None:
+                turn.abandon()
+            raise
         if reached is None:
+            if turn is not None:
+                turn.abandon()
             if not pair.closed:
                 self.metrics.upstream_errors.labels(self.node.id).inc()
                 pair.close(f"no upstream reachable: {'; '.join(errors) or 'broker unknown'}", level=logging.WARNING)
             return
         transport, address = reached
+        assert turn is not None
+        turn.connected()  # held until the broker's first answer (UpstreamSide), or the pair closes
         if pair.closed:
+            turn.abandon()
             transport.close()
             return
+        pair.turn = turn
         pair.upstream = transport
         pair.upstream_addr = address
         if pair._pending:
@@ -472,3 +499,17 @@ class DataPath:
                                        "%s:%d" % a if (a := address_of(b.node_id)) else None)
                           for b in sorted(self.brokers.values())),
         )
+
+
+def _trace_turn(turn: Turn, how: str) -> None:
+    """Per upstream connect (at DEBUG): how long it waited in line for a turn, how long the
+    connect took, and how long the turn was held after it; by client source address."""
+    if not log.isEnabledFor(logging.DEBUG):
+        return
+    now = turn.clock_now()
+    connected = turn.connected_at
+    log.debug("upstream connect turn", extra={
+        "source": turn.source, "broker": f"{turn.key}", "how": how, "limit": turn.limit(),
+        "waited_ms": round((turn.began - turn.asked) * 1000, 1),
+        "connect_ms": None if connected is None else round((connected - turn.began) * 1000, 1),
+        "held_ms": None if connected is None else round((now - connected) * 1000, 1)})

@@ -45,6 +45,10 @@ class ProxyMetrics:
                                        labels + ["side"], registry=self.registry)
         self.upstream_errors = Counter("kproxy_upstream_errors", "Upstream connects or connections that failed",
                                        labels, registry=self.registry)
+        self.upstream_connect_waits = Counter(
+            "kproxy_upstream_connect_waits",
+            "Upstream connects that waited for a turn (proxy.connect_pacing: a bounded number in flight per broker)",
+            labels, registry=self.registry).labels(node_id)
         self.drained = Counter("kproxy_connections_drained", "Client connections closed to move them", labels,
                                registry=self.registry)
         self.drain_deferred = Counter("kproxy_drain_close_deferred",

@@ -112,6 +112,10 @@ ADDRESS_APIS: Final[Mapping[int, str]] = {
 # Responses that list every broker of the cluster (not just some).
 FULL_LIST_APIS: Final = frozenset({3, 60})
 
+# Distinct ApiVersions bodies whose clamped form is kept (ResponseRewriter._clamp): one per
+# broker version and request version in practice.
+CLAMP_CACHE_ENTRIES = 64
+
 # Lowest version the proxy lets a client negotiate, per api key, on top of
 # kio's own lower bounds. SaslHandshake v0 (Kafka < 1.0 clients) is followed by
 # raw SASL tokens without Kafka headers, which the request tracker would take
@@ -242,6 +246,7 @@ class ResponseRewriter:
         self.on_brokers = on_brokers
         self.version_caps = dict(version_caps or {})
         self.version_floors = dict(version_floors)
+        self._clamped: dict[tuple[int, bytes], bytes | None] = {}  # see _clamp
         self.clamp_api_versions = clamp_api_versions
         # Frames processed / frames actually changed, per api key.
         self.counts: collections.Counter[int] = collections.Counter()
@@ -449,9 +454,26 @@ class ResponseRewriter:
         return low, high
 
     def _clamp(self, api_version: int, payload: Buffer) -> RewriteResult:
+        """The clamped ApiVersions answer. A broker sends the same body every time, and every
+        client connection asks first thing (a reconnect storm: one per client), so each
+        distinct body (and version) is clamped once and kept (at most CLAMP_CACHE_ENTRIES)."""
         view = memoryview(payload)
+        _, header_end = read_response_header(view, 0)  # ApiVersions: header v0 always
+        key = (api_version, bytes(view[header_end:]))
+        try:
+            body = self._clamped[key]
+        except KeyError:
+            result = self._clamp_entries(api_version, view, header_end)
+            body = result.to_bytes()[header_end:] if result.changed else None  # None: left as it is
+            if len(self._clamped) >= CLAMP_CACHE_ENTRIES:
+                self._clamped.clear()
+            self._clamped[key] = body
+        if body is None:
+            return RewriteResult((view,), (), False, False)
+        return RewriteResult((view[:header_end], body), (), False, True)
+
+    def _clamp_entries(self, api_version: int, view: memoryview, off: int) -> RewriteResult:
         end = len(view)
-        _, off = read_response_header(view, 0)  # ApiVersions: header v0 always
         error_code = read_i16(view, off, end)
         off += 2
         # KIP-511: UNSUPPORTED_VERSION comes with a v0 body whatever was asked;

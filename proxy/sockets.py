@@ -83,7 +83,8 @@ async def open_connection_from(host: str, port: int,
 
 async def first_connection(connect: Callable[[A], Awaitable[T]], addresses: Sequence[A], *, timeout_s: float,
                            timeout_retries: int, stop: Callable[[], bool],
-                           failed: Callable[[A, BaseException], None]) -> tuple[T, A] | None:
+                           failed: Callable[[A, BaseException], None],
+                           wait_turn: Callable[[A], Awaitable[None]] | None = None) -> tuple[T, A] | None:
     """The first of ``addresses`` that ``connect`` reaches within ``timeout_s``, in order; None
     when none did, or ``stop()`` turned true between attempts. ``failed(address, error)``
     hears of every failed attempt.
@@ -94,7 +95,10 @@ async def first_connection(connect: Callable[[A], Awaitable[T]], addresses: Sequ
     itself would have waited on; so when the last address left timed out, it is tried
     again, up to ``timeout_retries`` more times, at once (a fresh SYN instead of the
     kernel's next one, 4 s later). A refused or failed connect is not retried: the next
-    address, or None."""
+    address, or None.
+
+    ``wait_turn(address)``, if given, is awaited before each attempt, outside its timeout
+    (proxy.connect_pacing: a bounded number of connects in flight per broker)."""
     if not addresses:
         return None
     last = len(addresses) - 1
@@ -102,6 +106,10 @@ async def first_connection(connect: Callable[[A], Awaitable[T]], addresses: Sequ
         for attempt in range(1 + (timeout_retries if index == last else 0)):
             if stop():
                 return None
+            if wait_turn is not None:
+                await wait_turn(address)
+                if stop():
+                    return None
             try:
                 async with asyncio.timeout(timeout_s):  # not wait_for: no second task per connect
                     return await connect(address), address

@@ -204,6 +204,7 @@ class _StormBench:
         self.leader = (0, "", 0)
         self.node_nofile: tuple[int, int] | None = None  # a worker's (the one holding clients)
         self.refused: dict[str, float] = {}  # the node's refusals over the last proxied storm, by reason
+        self.connect_waits = 0.0  # upstream connects that waited for a turn in the last proxied storm
         self.overflows: int | None = None  # listen overflows during the last storm (any listener)
         self.cpu_ms_per_connection = 0.0  # the node's CPU over the last proxied storm, per client
         self.system_cpu_ms_per_connection = 0.0  # the kernel's part of it (system time)
@@ -257,6 +258,7 @@ class _StormBench:
             procs = node_processes(node.pid)
             rss_before = tree_rss(procs)
             refused_before = _refused(node)
+            waits_before = _connect_waits(node)
             held: dict[str, float] = {}
 
             async def hold() -> None:
@@ -271,6 +273,7 @@ class _StormBench:
             self.cpu_ms_per_connection = (user_after + system_after - user_before - system_before) * 1000 / clients
             self.system_cpu_ms_per_connection = (system_after - system_before) * 1000 / clients
             self.refused = {reason: n - refused_before.get(reason, 0.0) for reason, n in _refused(node).items()}
+            self.connect_waits = _connect_waits(node) - waits_before
             rss_per_connection = (held["rss"] - rss_before) / clients
             return result, rss_per_connection, int(held["connections"])
         finally:
@@ -295,6 +298,12 @@ def _refused(node: NodeProcess) -> dict[str, float]:
     """The node's ``kproxy_connections_refused_total`` by reason (every worker's, added up by
     the supervisor)."""
     return parse_refused(node.get("/metrics").text)
+
+
+def _connect_waits(node: NodeProcess) -> float:
+    """Upstream connects that waited for a turn (proxy.connect_pacing), every worker's."""
+    return sum(sample.value for family in text_string_to_metric_families(node.get("/metrics").text)
+               for sample in family.samples if sample.name == "kproxy_upstream_connect_waits_total")
 
 
 def parse_refused(metrics_text: str) -> dict[str, float]:
@@ -351,6 +360,7 @@ def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = Non
                 row["proxy_cpu_ms_per_connection"] = round(bench.cpu_ms_per_connection, 3)
                 row["proxy_system_cpu_ms_per_connection"] = round(bench.system_cpu_ms_per_connection, 3)
                 row["proxy_refused"] = bench.refused
+                row["proxy_upstream_connect_waits"] = bench.connect_waits
                 if backlog is not None:
                     other, other_rss, _ = bench.proxy(n, backlog)
                     row[f"backlog_{backlog}"] = {"all_served_s": other.all_served_s, "failed": other.failed,

@@ -21,6 +21,7 @@ from kio.schema.index import schema_name_map
 from kio.static.primitive import Records
 
 from chaos.bench import frames as fx
+from proxy import rewrite
 from proxy._wire import encode_uvarint
 from proxy.codec import known_versions
 from proxy.errors import AddressConflict
@@ -569,3 +570,33 @@ def test_api_versions_empty_intersection_is_dropped() -> None:
     real = api_versions_body(3, [(17, 0, 0), (0, 0, 2), (3, 0, 13)])
     rw, _ = rewriter()
     assert roundtrip(rw, real) == api_versions_body(3, [(3, 0, 13)])
+
+
+def test_api_versions_clamped_once_per_body_each_answer_keeps_its_correlation_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    rw, _ = rewriter()
+    clamps = []
+    real_clamp = rw._clamp_entries
+    monkeypatch.setattr(rw, "_clamp_entries", lambda *a: clamps.append(a[0]) or real_clamp(*a))
+    real = api_versions_body(3, BROKER_OFFER)
+    for correlation_id in (7, 8, 9):
+        out = rw.rewrite_frame(18, 3, fx.response_frame(real, correlation_id))
+        assert fx.decode_response(type(real), out) == (correlation_id, api_versions_body(3, CLAMPED))
+    assert clamps == [3]  # the second and third answers came from the kept body
+    fine = api_versions_body(3, [(0, 3, 12), (18, 0, 4)])
+    for correlation_id in (1, 2):
+        payload = fx.response_payload(fine, correlation_id)
+        result = rw.rewrite(18, 3, payload)
+        assert not result.changed and bytes(result.pieces[0]) == payload  # unchanged, kept as such
+    assert clamps == [3, 3]
+    out = rw.rewrite_frame(18, 0, fx.response_frame(api_versions_body(0, BROKER_OFFER), 5))  # another version
+    assert fx.decode_response(type(api_versions_body(0, [])), out) == (5, api_versions_body(0, CLAMPED))
+    assert clamps == [3, 3, 0]
+
+
+def test_api_versions_kept_bodies_are_bounded() -> None:
+    rw, _ = rewriter()
+    for hi in range(13, 13 + 2 * rewrite.CLAMP_CACHE_ENTRIES):  # distinct bodies: Metadata up to v13..
+        rw.rewrite(18, 3, fx.response_payload(api_versions_body(3, [(3, 0, hi)]), 1))
+        assert len(rw._clamped) <= rewrite.CLAMP_CACHE_ENTRIES
+    out = rw.rewrite_frame(18, 3, fx.response_frame(api_versions_body(3, [(3, 0, 20)]), 4))
+    assert fx.decode_response(type(api_versions_body(3, [])), out) == (4, api_versions_body(3, [(3, 0, 13)]))

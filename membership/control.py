@@ -323,9 +323,11 @@ class MemberCore:
         if sane_key != self._sane_key:
             self._sane_key, self._sane = sane_key, committed_is_sane(state, live)
         # After a stall of this node (a freeze, a long pause) the peers' silence is its own deafness.
-        stalled = self._last_tick is not None and now - self._last_tick > 2 * self.config.heartbeat_interval
+        stalled_for = 0.0 if self._last_tick is None else now - self._last_tick
+        stalled = stalled_for > 2 * self.config.heartbeat_interval
         self._last_tick = now
-        if stalled:
+        if stalled_for > self.config.suspect_timeout:
+            # Only then did the peers stop hearing it (a busy machine's late tick is not a freeze).
             self._relisten_until = now + RELISTEN_BEATS * self.config.heartbeat_interval
         relistening = now < self._relisten_until
         lost_at = (None if majority or heard_at is None or stalled

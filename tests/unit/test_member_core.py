@@ -158,6 +158,11 @@ def test_after_its_own_stall_a_node_neither_starts_an_election_nor_plans_until_i
     plans = of(SubmitPlan, a.tick(5.51, frozenset("a"), True, thawed))
     assert [type(p.command).__name__ for p in plans] == ["MarkDown"]
 
+    late = core("a")  # a tick 0.6 s late (a busy machine), shorter than dead_after_s: no relisten
+    late.tick(1.0, frozenset("abc"), True, RaftView("leader", "a", 1, s))
+    plans = of(SubmitPlan, late.tick(1.6, frozenset("ab"), True, RaftView("leader", "a", 1, s)))
+    assert [type(p.command).__name__ for p in plans] == ["MarkDown"]
+
 
 def test_back_from_a_cut_a_leader_plans_only_after_it_relistened():
     """Cut off (no majority), then healed and leading: its peers' first beats may still say

@@ -215,11 +215,6 @@ class MemberCore:
         self._last_tick: float | None = None
         # After this node's own stall, until then: its view of the peers is the freeze's, not theirs.
         self._relisten_until = float("-inf")
-        # A majority heard once, then lost (None: never had one, or has it now): on its return
-        # the leader does not plan for RELISTEN_BEATS (its view of the others is the cut's).
-        self._had_majority = False
-        self._majority_lost = False
-        self._plan_after = float("-inf")
         self._lease = QuorumLease(config.quorum_lease, now)
         self.election = ElectionTimer(self.node_id, config.raft_min_timeout,
                                       config.raft_max_timeout - config.raft_min_timeout,
@@ -311,13 +306,6 @@ class MemberCore:
         self._track_peers(live, now, out)
         state, role, leader = raft.state, raft.role, raft.leader
         majority = 2 * len(live & self._all_ids) > len(self._all_ids)
-        if majority and self._majority_lost:
-            # Back from a cut: a peer's first beats still say "I do not hear you" (true of the
-            # cut) for a beat or two; planned on at once, a healthy node was marked down
-            # (partition-two on emulated hosts: the node that had served alone, at the heal).
-            self._plan_after = now + RELISTEN_BEATS * self.config.heartbeat_interval
-        self._majority_lost = self._had_majority and not majority
-        self._had_majority = self._had_majority or majority
         has_quorum = majority and leader is not None and leader in live
         sane_key = (state, live)
         if sane_key != self._sane_key:
@@ -353,7 +341,7 @@ class MemberCore:
             if not self._was_leader:
                 self._planner.reset()
                 self._was_leader = True
-            if not relistening and now >= self._plan_after:
+            if not relistening:
                 self._maybe_plan(state, live, heard_all, now, out)
             self._maybe_hand_over(state, now, out)
         elif self._was_leader:

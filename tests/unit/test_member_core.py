@@ -164,31 +164,6 @@ def test_after_its_own_stall_a_node_neither_starts_an_election_nor_plans_until_i
     assert [type(p.command).__name__ for p in plans] == ["MarkDown"]
 
 
-def test_back_from_a_cut_a_leader_plans_only_after_it_relistened():
-    """Cut off (no majority), then healed and leading: its peers' first beats may still say
-    they do not hear it; it must not mark one down on that (at once after a heal), and it plans
-    again two beats later. A majority held throughout never holds planning back."""
-    s = joined()
-    s, _ = s.apply(MarkUp({"a", "b", "c"}, s.epoch))
-    a = core("a")
-    lead = RaftView("leader", "a", 1, s)
-    for t in (1.0, 1.25, 1.5):
-        a.tick(t, frozenset("abc"), True, lead)
-    for t in (1.75, 2.0, 2.25):  # cut: hears nobody
-        a.tick(t, frozenset("a"), True, RaftView("candidate", None, 2, s))
-    healed = RaftView("leader", "a", 3, s)
-    assert of(SubmitPlan, a.tick(2.5, frozenset("ab"), True, healed)) == []  # c's beat says "not you" yet
-    assert of(SubmitPlan, a.tick(2.75, frozenset("ab"), True, healed)) == []
-    assert [type(p.command).__name__ for p in of(SubmitPlan, a.tick(3.01, frozenset("ab"), True, healed))] \
-        == ["MarkDown"]  # still not hearing c two beats on: it is down
-
-    steady = core("a")
-    for t in (1.0, 1.25, 1.5):
-        steady.tick(t, frozenset("abc"), True, lead)
-    assert [type(p.command).__name__ for p in of(SubmitPlan, steady.tick(1.75, frozenset("ab"), True, lead))] \
-        == ["MarkDown"]  # majority throughout: c's loss is planned at once
-
-
 def test_majority_heard_at_is_the_arrival_that_completed_a_majority():
     five = {"a", "b", "c", "d", "e"}
     heard = {"b": 9.0, "c": 7.0, "d": 8.0, "e": 2.0}

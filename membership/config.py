@@ -125,7 +125,7 @@ class MemberConfig:
     append_entries_period: float = 0.75
     # The longest idle wait of the tick thread: it also wakes on socket events and
     # when a timer is due (Raft's, the heartbeat's), membership.raft.cap_poll_wait.
-    autotick_period: float = 0.25
+    autotick_period: float = 0.2
     connection_timeout: float = 1.0
     connection_retry_time: float = 0.25
     # A leader steps down when no majority answered its append_entries for this long.
@@ -134,8 +134,8 @@ class MemberConfig:
     # Failure detection and reassignment
     # A dead process is seen at once (its Raft connections reset and the heartbeat
     # probes it, membership.heartbeat); the beat only times out frozen or cut-off nodes.
-    heartbeat_interval: float = 0.25
-    suspect_timeout: float = 0.75
+    heartbeat_interval: float = 0.2
+    suspect_timeout: float = 0.6
     # pysyncobj's own election timeout (randomised up to 1.5 times it): a backstop that
     # fires only if neither append_entries nor the leader's beat arrive for that long.
     raft_backstop_timeout: float = attrs.field(default=attrs.Factory(lambda self: round(max(
@@ -222,9 +222,9 @@ class MemberConfig:
             f"must be >= autotick_period ({self.autotick_period})",
         )
         need(
-            self.suspect_timeout >= 3 * self.heartbeat_interval,
+            self.suspect_timeout >= round(3 * self.heartbeat_interval, 9),  # 3 * 0.2 is 0.6000000000000001
             "suspect_timeout",
-            f"must be >= 3 * heartbeat_interval ({3 * self.heartbeat_interval})",
+            f"must be >= 3 * heartbeat_interval ({round(3 * self.heartbeat_interval, 9):g})",
         )
         need(
             self.quorum_lease >= 2 * self.raft_max_timeout,

@@ -187,7 +187,7 @@ class FleetConfig:
     raft_min_timeout_s: float = 0.3
     raft_max_timeout_s: float = 0.6
     # A frozen or partitioned node is declared down after this: three beats (0.25 s) missed.
-    dead_after_s: float = 0.75
+    dead_after_s: float = 0.6
     lease_s: float = 1.5        # without quorum this long, a node advertises itself for unreachable owners
     rebalance_delay_s: float = 1.0
     # A node that is down or draining leaves its host:ports behind; clients that
@@ -480,7 +480,7 @@ def _parse_fleet(fleet_raw: Mapping[str, Any], nodes: tuple[NodeConfig, ...], en
         password=password,
         raft_min_timeout_s=_get(fleet_raw, "raft_min_timeout_s", "fleet.raft_min_timeout_s", float, 0.3),
         raft_max_timeout_s=_get(fleet_raw, "raft_max_timeout_s", "fleet.raft_max_timeout_s", float, 0.6),
-        dead_after_s=_get(fleet_raw, "dead_after_s", "fleet.dead_after_s", float, 0.75),
+        dead_after_s=_get(fleet_raw, "dead_after_s", "fleet.dead_after_s", float, 0.6),
         lease_s=_get(fleet_raw, "lease_s", "fleet.lease_s", float, 1.5),
         rebalance_delay_s=_get(fleet_raw, "rebalance_delay_s", "fleet.rebalance_delay_s", float, 1.0),
         address_takeover=_get(fleet_raw, "address_takeover", "fleet.address_takeover", bool, True),

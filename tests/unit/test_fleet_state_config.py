@@ -37,14 +37,14 @@ def test_password_is_required_and_named():
 @pytest.mark.parametrize(
     ("changes", "field"),
     [
-        ({"raft_min_timeout": 0.2}, "raft_min_timeout"),  # < heartbeat_interval 0.25
+        ({"raft_min_timeout": 0.15}, "raft_min_timeout"),  # < heartbeat_interval 0.2
         ({"raft_backstop_timeout": 2.25}, "raft_backstop_timeout"),  # not > 3 * 0.75
-        ({"raft_backstop_timeout": 0.85, "append_entries_period": 0.2}, "raft_backstop_timeout"),  # not > 0.6 + 0.25
+        ({"raft_backstop_timeout": 0.8, "append_entries_period": 0.2}, "raft_backstop_timeout"),  # not > 0.6 + 0.2
         ({"raft_max_timeout": 0.3}, "raft_max_timeout"),  # not > min 0.3
         ({"connection_timeout": 0.5}, "connection_timeout"),  # < max 0.6
         ({"leader_fallback_timeout": 1.5}, "leader_fallback_timeout"),  # not > 2 * 0.75
-        ({"heartbeat_interval": 0.2}, "heartbeat_interval"),  # < autotick 0.25
-        ({"suspect_timeout": 0.7}, "suspect_timeout"),  # < 3 * 0.25
+        ({"heartbeat_interval": 0.15}, "heartbeat_interval"),  # < autotick 0.2
+        ({"suspect_timeout": 0.55}, "suspect_timeout"),  # < 3 * 0.2
         ({"quorum_lease": 1.0}, "quorum_lease"),  # < 2 * 0.6
         ({"commit_timeout": 0.5}, "commit_timeout"),  # not > 0.6
         ({"rebalance_delay": -1}, "rebalance_delay"),
@@ -171,5 +171,5 @@ def test_an_idle_leader_sends_append_entries_rarely_and_the_backstop_follows():
     config = make()
     assert (config.append_entries_period, config.raft_backstop_timeout) == (0.75, 3.0)
     assert config.legacy_append_entries_period == pytest.approx(0.3 / 3.5, abs=1e-4)
-    fast = make(append_entries_period=0.25)  # the backstop stays behind the beat's last election (0.6 + 2 beats)
-    assert (fast.raft_backstop_timeout, fast.leader_fallback_timeout) == (1.1, 1.0)
+    fast = make(append_entries_period=0.25)  # the backstop stays behind the beat's last election (0.6 + 2 beats of 0.2)
+    assert (fast.raft_backstop_timeout, fast.leader_fallback_timeout) == (1.0, 1.0)

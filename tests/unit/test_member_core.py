@@ -147,20 +147,20 @@ def test_after_its_own_stall_a_node_neither_starts_an_election_nor_plans_until_i
     b = core("b")
     b.tick(1.0, frozenset("abc"), True, RaftView("follower", "a", 1, s))
     assert of(HastenElection, b.tick(5.0, frozenset("bc"), True, RaftView("follower", "a", 1, s))) == []
-    assert of(HastenElection, b.tick(5.4, frozenset("bc"), True, RaftView("follower", "a", 1, s))) == []
-    assert of(HastenElection, b.tick(5.51, frozenset("bc"), True, RaftView("follower", "a", 1, s))) != []
+    assert of(HastenElection, b.tick(5.35, frozenset("bc"), True, RaftView("follower", "a", 1, s))) == []
+    assert of(HastenElection, b.tick(5.41, frozenset("bc"), True, RaftView("follower", "a", 1, s))) != []
 
     a = core("a")
     a.tick(1.0, frozenset("abc"), True, RaftView("leader", "a", 1, s))
     thawed = RaftView("leader", "a", 1, s)
     assert of(SubmitPlan, a.tick(5.0, frozenset("a"), True, thawed)) == []
-    assert of(SubmitPlan, a.tick(5.4, frozenset("a"), True, thawed)) == []
-    plans = of(SubmitPlan, a.tick(5.51, frozenset("a"), True, thawed))
+    assert of(SubmitPlan, a.tick(5.35, frozenset("a"), True, thawed)) == []
+    plans = of(SubmitPlan, a.tick(5.41, frozenset("a"), True, thawed))
     assert [type(p.command).__name__ for p in plans] == ["MarkDown"]
 
-    late = core("a")  # a tick 0.6 s late (a busy machine), shorter than dead_after_s: no relisten
+    late = core("a")  # a tick 0.55 s late (a busy machine), shorter than dead_after_s (0.6): no relisten
     late.tick(1.0, frozenset("abc"), True, RaftView("leader", "a", 1, s))
-    plans = of(SubmitPlan, late.tick(1.6, frozenset("ab"), True, RaftView("leader", "a", 1, s)))
+    plans = of(SubmitPlan, late.tick(1.55, frozenset("ab"), True, RaftView("leader", "a", 1, s)))
     assert [type(p.command).__name__ for p in plans] == ["MarkDown"]
 
 

@@ -85,19 +85,43 @@ def tickle_segment(src: str, src_port: int, dst: str, dst_port: int, seq: int, a
     return header[:16] + struct.pack("!H", csum) + header[18:]
 
 
-def send_tickles(floating_ip: str, pairs: Iterable[ClientPair], rng: random.Random | None = None) -> int:
-    """One tickle ACK to each client of ``pairs`` from ``floating_ip`` (held by this host);
-    returns how many were sent."""
+def tickle_segments(floating_ip: str, pairs: Iterable[ClientPair],
+                    rng: random.Random | None = None) -> list[tuple[bytes, str]]:
+    """The tickle ACK of each client of ``pairs`` from ``floating_ip``, with its destination,
+    ordered by client address and port: the connections of one client host go out back to back
+    (see :func:`send_tickles`)."""
     rng = rng or random.Random()
+    return [(tickle_segment(floating_ip, p.local_port, p.client_ip, p.client_port,
+                            rng.getrandbits(32), rng.getrandbits(32)), p.client_ip)
+            for p in sorted(set(pairs), key=lambda p: (ipaddress.IPv4Address(p.client_ip), p.client_port,
+                                                       p.local_port))]
+
+
+def send_segments(floating_ip: str, segments: Iterable[tuple[bytes, str]]) -> int:
+    """Send ``segments`` (:func:`tickle_segments`) from ``floating_ip`` (held by this host);
+    returns how many were sent.
+
+    Called from the event loop's thread, not an executor: a client is reset the moment its
+    tickle goes out, and the sends must follow each other within microseconds. A client whose
+    connections are reset milliseconds apart may send a request into one not reset yet and
+    lose it (seen: librdkafka's coordinator lookup went out on a connection reset 11 ms after
+    the coordinator's, and its next lookup came 1 s later); an executor thread sending them
+    waited for the busy loop thread's GIL after every send. A raw socket's send does not
+    block (the kernel drops what its queue cannot take)."""
     sent = 0
     with socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_TCP) as s:
+        s.setblocking(False)
         s.bind((floating_ip, 0))
-        for p in pairs:
-            segment = tickle_segment(floating_ip, p.local_port, p.client_ip, p.client_port,
-                                     rng.getrandbits(32), rng.getrandbits(32))
+        for segment, client_ip in segments:
             try:
-                s.sendto(segment, (p.client_ip, 0))
+                s.sendto(segment, (client_ip, 0))
                 sent += 1
             except OSError as exc:  # one unreachable client must not stop the others
-                log.debug("tickle ACK not sent", extra={"client": f"{p.client_ip}:{p.client_port}", "reason": str(exc)})
+                log.debug("tickle ACK not sent", extra={"client": client_ip, "reason": str(exc)})
     return sent
+
+
+def send_tickles(floating_ip: str, pairs: Iterable[ClientPair], rng: random.Random | None = None) -> int:
+    """One tickle ACK to each client of ``pairs`` from ``floating_ip``: :func:`send_segments`
+    of :func:`tickle_segments`."""
+    return send_segments(floating_ip, tickle_segments(floating_ip, pairs, rng))

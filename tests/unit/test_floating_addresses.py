@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import random
 import struct
 import threading
 import time
@@ -21,7 +22,7 @@ from proxy.addresses.floating import FloatingAddresses
 from proxy.addresses.peers import (CLIENTS_POLL_S, POLL_TIMEOUT_S, SETTLE_S, SMALL_LIST, SMALL_LIST_GAP_S,
                                    ChangeCounter, PeerClients, listing)
 from proxy.admin import MAX_CLIENTS_WAIT_S, clients_query
-from proxy.addresses.tickle import TCP_ACK, ClientPair, checksum, pseudo_header, tickle_segment
+from proxy.addresses.tickle import TCP_ACK, ClientPair, checksum, pseudo_header, tickle_segment, tickle_segments
 from proxy.config import ConfigError, parse
 from proxy.takeover import (AddressReconciler, Fence, ReleaseAddress, TakeAddress, address_holder, down_nodes,
                             floating_stand_ins, wanted_addresses)
@@ -135,6 +136,20 @@ def test_tickle_segment_is_a_bare_ack_with_a_valid_checksum():
     assert checksum(pseudo + seg) == 0
     other = tickle_segment("198.18.0.12", 9092, "198.18.0.3", 40000, seq=0x01020304, ack=0xFFFFFFFF)
     assert checksum(pseudo + other) != 0  # the checksum covers the source address
+
+
+def test_tickles_of_one_client_host_go_out_back_to_back_once_each():
+    """Sorted by client address and port (one host's connections in one run of the burst), a
+    connection listed twice tickled once, each segment addressed to its own client."""
+    pairs = [ClientPair(9101, "198.18.0.9", 40001), ClientPair(9102, "198.18.0.3", 40007),
+             ClientPair(9101, "198.18.0.10", 40000), ClientPair(9101, "198.18.0.3", 40002),
+             ClientPair(9102, "198.18.0.3", 40007)]
+    segments = tickle_segments("198.18.0.11", pairs, random.Random(1))
+    assert [ip for _, ip in segments] == ["198.18.0.3", "198.18.0.3", "198.18.0.9", "198.18.0.10"]
+    ports = [struct.unpack("!HH", seg[:4]) for seg, _ in segments]
+    assert ports == [(9101, 40002), (9102, 40007), (9101, 40001), (9101, 40000)]
+    pseudo = pseudo_header(ipaddress.IPv4Address("198.18.0.11"), ipaddress.IPv4Address("198.18.0.3"), 20)
+    assert checksum(pseudo + segments[0][0]) == 0
 
 
 def test_checksum_matches_rfc1071_worked_example():
@@ -291,7 +306,8 @@ def test_shell_keeps_going_when_a_take_fails_and_retries_it_next_time():
 
 def test_tickles_go_out_only_once_the_data_path_listens_on_the_taken_address(monkeypatch):
     sent: list[tuple[str, tuple]] = []
-    monkeypatch.setattr(floating, "send_tickles", lambda host, pairs: sent.append((host, tuple(pairs))) or len(pairs))
+    monkeypatch.setattr(floating, "send_segments",
+                        lambda host, segments: sent.append((host, tuple(ip for _, ip in segments))) or len(segments))
     monkeypatch.setattr(floating, "TICKLE_AGAIN_S", 0.0)
     shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
                               confirm_s=0.5, mover=FakeMover(), clock=lambda: 0.0)  # type: ignore[arg-type]
@@ -316,7 +332,7 @@ def test_tickles_go_out_only_once_the_data_path_listens_on_the_taken_address(mon
         shell.tickle_taken()  # nothing new taken: nothing more sent
 
     asyncio.run(run())
-    assert sent == [("198.18.0.12", (pair,))] * 2  # the tickle and its repeat
+    assert sent == [("198.18.0.12", ("198.18.0.3",))] * 2  # the tickle and its repeat
 
 
 def test_a_taken_address_is_announced_again_while_held_and_not_once_given_back(monkeypatch):

@@ -2,8 +2,8 @@
 
 Defaults are tuned for a LAN/loopback fleet (DESIGN §9): a dead process is
 seen within milliseconds (its Raft connections reset, then its heartbeat port
-refuses a probe; at the latest at the next beat, 0.25 s), a frozen or partitioned one after
-``suspect_timeout`` (0.75 s). Elections run on the leader's UDP beat
+refuses a probe; at the latest at the next beat, 0.2 s), a frozen or partitioned one after
+``suspect_timeout`` (0.6 s: three beats missed). Elections run on the leader's UDP beat
 (membership.election): a dead leader is replaced at once, a silent one when
 its beat is ``raft_min_timeout`` (0.3 s) overdue, the last follower asking at
 ``raft_max_timeout`` overdue; pysyncobj's own election timer is a backstop

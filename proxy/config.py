@@ -186,7 +186,7 @@ class FleetConfig:
     password: str
     raft_min_timeout_s: float = 0.3
     raft_max_timeout_s: float = 0.6
-    # A frozen or partitioned node is declared down after this: three beats (0.25 s) missed.
+    # A frozen or partitioned node is declared down after this: three beats (0.2 s) missed.
     dead_after_s: float = 0.6
     lease_s: float = 1.5        # without quorum this long, a node advertises itself for unreachable owners
     rebalance_delay_s: float = 1.0

@@ -32,7 +32,7 @@ from chaos.testbed.hosts import HostNet
 
 MOVE_POLL_S = 0.02
 FLAPS = 3
-FLAP_DOWN_S = 0.3  # shorter than dead_after_s (0.75) by a beat at least: the fleet must not flap with the link
+FLAP_DOWN_S = 0.3  # shorter than dead_after_s (0.6) by a beat at least: the fleet must not flap with the link
 FLAP_UP_S = 1.0
 HOSTS_ONLY = frozenset({"partition-one-way", "flap", "partition-two"})
 

@@ -8,7 +8,7 @@ floating address, with sequence numbers the client does not expect: the client a
 challenge ACK (RFC 5961 §4), which reaches the new host (the address is here now), whose kernel
 has no such connection and answers with RST: the client sees its connection reset at once.
 
-``tickle_segment`` builds the TCP segment (pure, tested without root); ``send_tickles`` sends
+``tickle_segment`` builds the TCP segment (pure, tested without root); ``send_segments`` sends
 segments from a raw IPv4 socket bound to the floating address (the kernel adds the IP header;
 needs CAP_NET_RAW). The peers' client lists come from ``proxy.addresses.peers``.
 """
@@ -89,7 +89,7 @@ def tickle_segments(floating_ip: str, pairs: Iterable[ClientPair],
                     rng: random.Random | None = None) -> list[tuple[bytes, str]]:
     """The tickle ACK of each client of ``pairs`` from ``floating_ip``, with its destination,
     ordered by client address and port: the connections of one client host go out back to back
-    (see :func:`send_tickles`)."""
+    (see :func:`send_segments`)."""
     rng = rng or random.Random()
     return [(tickle_segment(floating_ip, p.local_port, p.client_ip, p.client_port,
                             rng.getrandbits(32), rng.getrandbits(32)), p.client_ip)
@@ -120,8 +120,3 @@ def send_segments(floating_ip: str, segments: Iterable[tuple[bytes, str]]) -> in
                 log.debug("tickle ACK not sent", extra={"client": client_ip, "reason": str(exc)})
     return sent
 
-
-def send_tickles(floating_ip: str, pairs: Iterable[ClientPair], rng: random.Random | None = None) -> int:
-    """One tickle ACK to each client of ``pairs`` from ``floating_ip``: :func:`send_segments`
-    of :func:`tickle_segments`."""
-    return send_segments(floating_ip, tickle_segments(floating_ip, pairs, rng))

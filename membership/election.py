@@ -4,7 +4,7 @@ pysyncobj's follower starts an election when no ``append_entries`` arrived for i
 timeout, so the leader must send one to every follower several times per timeout whether or not
 the log changed: each is pickled, compressed, encrypted and answered, a wake-up on both ends
 and most of an idle fleet's CPU (BENCHMARKS.md, "Idle cost: where the CPU goes"). The
-heartbeat already proves every quarter second that each peer is alive, for one HMAC and no
+heartbeat already proves at every beat (0.2 s) that each peer is alive, for one HMAC and no
 answer. So the proof that the leader is alive is its beat (membership.liveness: each datagram
 carries the sender's term and whether it leads it), and Raft's own timers become a slow
 backstop (``MemberConfig.raft_backstop_timeout``, with idle append_entries every

@@ -231,7 +231,7 @@ class Liveness:
         goes stale (the flag we send it flips, and it is no longer live), inf if none will. A
         time already past when the peer went stale after that judgement: the caller must judge
         again at once. (Judged only by ``now``, an expiry passing between the judgement and this
-        call was dropped, and the peer's loss waited for the next beat: a quarter second.)"""
+        call was dropped, and the peer's loss waited for the next beat (then 0.25 s).)"""
         judged = self._judged_at if self._judged_at > float("-inf") else now
         due = [self._heard[p] + self.suspect_timeout for p in self.peers if self.hears(p, judged)]
         return min(due, default=float("inf"))

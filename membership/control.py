@@ -9,7 +9,7 @@ whether every peer has been heard once, and a :class:`RaftView` (role, leader,
 term, committed state); besides, the local brokers (:meth:`set_brokers`) and
 the results of the commands it asked to submit (:meth:`join_done`,
 :meth:`plan_done`). Actions, in the order the shell must execute them:
-:class:`KeepLinksOpen`, :class:`Emit`, :class:`HastenElection` / :class:`HoldElection`,
+:class:`KeepLinksOpen`, :class:`Emit`, :class:`HastenElection` / :class:`HoldElection` / :class:`DeferElection`,
 :class:`SubmitJoin`, :class:`SubmitPlan`, :class:`NewRoster`, :class:`NewState`, :class:`Publish`.
 
 What it decides:
@@ -47,7 +47,8 @@ import attrs
 from membership.commands import APPLIED, REJECTED, REMOVE, Command, Join, MemberChange, Result, SetFormat
 from membership.config import MemberConfig, MemberSpec
 from membership.effective import QuorumLease, build_serving_map, committed_is_sane, committed_vacant
-from membership.election import NO_BEAT, ElectionTimer, HastenElection, HoldElection, LeaderBeat
+from membership.election import (NO_BEAT, DeferElection, ElectionTimer, HastenElection, HoldElection, LeaderBeat,
+                                 campaign_window, can_campaign)
 from membership.formats import SUPPORTED, FormatRange, next_format, refusal
 from membership.planner import Planner
 from membership.serving import ServingMap
@@ -173,7 +174,7 @@ class Refuse:
     reason: str
 
 
-Action = (KeepLinksOpen | HastenElection | HoldElection | SubmitJoin | SubmitPlan | HandOver | Emit | NewRoster
+Action = (KeepLinksOpen | HastenElection | HoldElection | DeferElection | SubmitJoin | SubmitPlan | HandOver | Emit | NewRoster
           | NewState | Publish | Refuse)
 
 
@@ -219,6 +220,7 @@ class MemberCore:
         self.election = ElectionTimer(self.node_id, config.raft_min_timeout,
                                       config.raft_max_timeout - config.raft_min_timeout,
                                       config.heartbeat_interval, config.raft_backstop_timeout, now)
+        self._campaign_window = campaign_window(config.heartbeat_interval, config.raft_min_timeout)
         # Read by the shell (single attribute reads from any thread).
         self.view = MemberView()
         self.state = FleetState()
@@ -328,7 +330,8 @@ class MemberCore:
         self.view = MemberView(role, raft.term, leader, has_quorum, degraded)
 
         if not relistening:
-            out.extend(self.election.update(now, live, role, leader, raft.term, leader_beat))
+            electable = can_campaign(now, live, heard_at, self._all_ids, self.node_id, self._campaign_window)
+            out.extend(self.election.update(now, live, role, leader, raft.term, leader_beat, electable))
         if self.refused is None:
             self._check_format(state, now, out)
         if self.refused is not None:  # never joins, plans or publishes again
@@ -341,7 +344,10 @@ class MemberCore:
             if not self._was_leader:
                 self._planner.reset()
                 self._was_leader = True
-            if not relistening:
+            # A leader that no majority hears both ways proposes nothing: it cannot commit, and a
+            # one-way cut leader's followers still take its entries, so its view of the others
+            # (all down: it hears nobody) reached the log and the next leader committed it.
+            if not relistening and majority:
                 self._maybe_plan(state, live, heard_all, now, out)
             self._maybe_hand_over(state, now, out)
         elif self._was_leader:

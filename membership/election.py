@@ -22,6 +22,17 @@ backstop (``MemberConfig.raft_backstop_timeout``, with idle append_entries every
 * **leader dead**: the heartbeat declared the leader down (its process died and its port
   refuses, or it fell silent for ``suspect_timeout``, or it stopped hearing us): an election at
   once, survivors in id order ``HASTEN_SPACING_S`` apart.
+* **no campaign without a majority** (the pre-vote of Raft's thesis, §9.6, on the beat): a
+  follower that has not been in two-way contact with a majority (itself counted) within
+  :func:`campaign_window` starts no election, neither by the rules above nor by Raft's backstop
+  (:class:`DeferElection` on every tick). A host that hears nothing (a one-way cut) sees its
+  leader fall silent like everyone else, and its vote requests still go out: each, at a higher
+  term, deposed the healthy majority's leader (measured on emulated hosts: 0.5-2 s without a
+  leader, then a degraded spell and fencing on the healthy nodes), and its inflated term deposed
+  it again after the heal. The window is shorter than the silence that starts an election (the
+  leader's beat ``raft_min_timeout`` overdue: at least that long since the cut host last heard
+  anyone) and longer than a beat, so a healthy follower, hearing the others every beat, asks at
+  once, or at the first beat to arrive after a late one.
 
 A leader whose datagrams carry no term (a node from before the leader's beat, in a rolling
 upgrade) still sends append_entries at Raft's old rate, so only the last rule applies to it and
@@ -33,7 +44,7 @@ Pure: time and every input come from the caller (membership.control feeds it on 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 
 import attrs
 
@@ -56,6 +67,14 @@ class HastenElection:
 class HoldElection:
     """The leader just proved it is alive: let Raft's election deadline be no earlier than
     ``for_s`` from now (an election pysyncobj is about to start is left alone)."""
+
+    for_s: float
+
+
+@attrs.frozen(slots=True)
+class DeferElection:
+    """This node cannot win an election now (no majority in two-way contact): let Raft's
+    election deadline be no earlier than ``for_s`` from now, even one already past."""
 
     for_s: float
 
@@ -85,6 +104,23 @@ def leader_beat(beats: bool, claim: LeaderClaim | None, term: int) -> LeaderBeat
     """The leader Raft names at our ``term``: it ``beats`` (its datagrams carry a term), and its
     latest ``claim``. A claim of an older term is a deposed leader's, which holds nothing off."""
     return LeaderBeat(beats, claim.at if claim is not None and claim.term >= term else None)
+
+
+def campaign_window(beat_interval: float, overdue_s: float) -> float:
+    """How recently a peer must have been heard, both ways, to count towards the majority a
+    follower needs before it asks for votes: halfway between a beat and the silence that
+    starts an election (module doc)."""
+    return (beat_interval + overdue_s) / 2
+
+
+def can_campaign(now: float, live: frozenset[ProxyId], heard_at: Mapping[ProxyId, float] | None,
+                 members: Collection[ProxyId], self_id: ProxyId, window_s: float) -> bool:
+    """This node and enough ``live`` peers heard within ``window_s`` to make a majority of
+    ``members`` (``heard_at`` None: every live peer counts)."""
+    need = len(members) // 2  # peers besides this node: 2 * (need + 1) > len(members)
+    fresh = sum(1 for p in live if p != self_id and p in members
+                and (heard_at is None or now - heard_at.get(p, float("-inf")) < window_s))
+    return fresh >= need
 
 
 def append_entries_period(idle_period: float, legacy_period: float, legacy_peers: Collection[ProxyId]) -> float:
@@ -119,7 +155,9 @@ class ElectionTimer:
         self._since = now
 
     def update(self, now: float, live: frozenset[ProxyId], role: str, leader: ProxyId | None, term: int,
-               beat: LeaderBeat = NO_BEAT) -> list[HastenElection | HoldElection]:
+               beat: LeaderBeat = NO_BEAT,
+               electable: bool = True) -> list[HastenElection | HoldElection | DeferElection]:
+        """``electable``: this node is in two-way contact with a majority (:func:`can_campaign`)."""
         self.next_due = float("inf")
         if (term, leader) != self._key:
             if self._key is not None:  # the first view is the one at start: the silence counts from there
@@ -127,11 +165,13 @@ class ElectionTimer:
             self._key = (term, leader)
         if role == "leader":
             return []
+        if not electable:  # a rule that comes due meanwhile acts at the first tick with a majority
+            return [DeferElection(self.hold_s)]
         if leader is not None and leader not in live:
             order = self._order(live, leader)
             return [HastenElection(order.index(self.self_id) * HASTEN_SPACING_S if self.self_id in order
                                    else len(order) * HASTEN_SPACING_S)]
-        out: list[HastenElection | HoldElection] = []
+        out: list[HastenElection | HoldElection | DeferElection] = []
         if leader is not None and beat.claimed_at is not None and beat.claimed_at != self._held:
             self._held = beat.claimed_at
             out.append(HoldElection(self.hold_s))

@@ -464,6 +464,8 @@ class Member:
                 raft.hasten_election(action.within_s)
             elif isinstance(action, control.HoldElection):
                 raft.hold_election(action.for_s)
+            elif isinstance(action, control.DeferElection):
+                raft.defer_election(action.for_s)
             elif isinstance(action, control.SubmitJoin):
                 raft.submit(action.command, self._join_callback(action.token))
             elif isinstance(action, control.SubmitPlan):

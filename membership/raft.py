@@ -22,7 +22,7 @@ order, on the pysyncobj tick thread). Pitfalls handled here (DESIGN §9):
 Every access to pysyncobj's private, name-mangled internals lives in
 :class:`RaftReplica` (``role``, ``leader_address``, ``keep_links_open``,
 ``on_link_lost``, ``cap_poll_wait``, ``subscribe_fd``), in :func:`election_deadline`
-(``hasten_election``, ``hold_election``) and in :func:`bind_outgoing`; they are
+(``hasten_election``, ``hold_election``, ``defer_election``) and in :func:`bind_outgoing`; they are
 written against pysyncobj ``PINNED_PYSYNCOBJ`` and checked against a real
 ``SyncObj`` by tests/integration/test_raft_private.py.
 
@@ -278,6 +278,17 @@ class RaftReplica(SyncObj):
             return
         if now + for_s > current:
             election_deadline(self, now + for_s)
+
+    def defer_election(self, for_s: float) -> None:
+        """This node cannot win now: no election before ``for_s`` from now, even if the
+        deadline is already past (pysyncobj checks it before the tick's callbacks run, so a
+        deadline kept ``for_s`` ahead on every tick never fires). Only ever makes it later."""
+        current = election_deadline(self)
+        if current is None:
+            return
+        later = raft_clock() + for_s
+        if later > current:
+            election_deadline(self, later)
 
     def election_deadline_in(self) -> float | None:
         """Seconds until pysyncobj's election deadline (for tests and status)."""

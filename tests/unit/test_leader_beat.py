@@ -11,8 +11,9 @@ import pytest
 from pysyncobj import SyncObj
 
 from membership import raft
-from membership.election import (HASTEN_SPACING_S, ElectionTimer, HastenElection, HoldElection, LeaderBeat,
-                                 LeaderClaim, append_entries_period, leader_beat)
+from membership.election import (HASTEN_SPACING_S, DeferElection, ElectionTimer, HastenElection, HoldElection,
+                                 LeaderBeat, LeaderClaim, append_entries_period, campaign_window, can_campaign,
+                                 leader_beat)
 from membership.liveness import Beat, decode, encode
 from tests.unit.test_liveness import INC, INTERVAL, KEY, Fleet
 
@@ -151,6 +152,41 @@ def test_a_leader_whose_datagrams_carry_no_term_is_left_to_raft_unless_it_dies()
     assert t.update(10.1, frozenset("bc"), "follower", "a", 3, LeaderBeat(False, None)) == [HastenElection(0.0)]
 
 
+def test_without_a_majority_a_follower_defers_every_election_then_asks_at_the_first_tick_with_one():
+    """A host that hears nothing (one-way cut) sees its leader fall silent and then dead like
+    everyone else: its vote requests, which still go out, would depose the healthy majority's
+    leader. It keeps Raft's own timer off too; once a majority is back the overdue rule acts."""
+    t = timer("b")
+    claimed = LeaderBeat(True, 1.0)
+    due = 1.0 + BEAT + OVERDUE
+    assert t.update(due + 0.05, LIVE, "follower", "a", 3, claimed, electable=False) == [DeferElection(HOLD)]
+    assert t.update(5.0, frozenset("b"), "follower", "a", 3, claimed, electable=False) == [DeferElection(HOLD)]
+    assert t.update(5.0, frozenset("b"), "candidate", None, 4, electable=False) == [DeferElection(HOLD)]
+    assert t.next_due == float("inf")
+    back = timer("b")
+    back.update(due + 0.05, LIVE, "follower", "a", 3, claimed, electable=False)
+    assert hastens(back.update(due + 0.1, LIVE, "follower", "a", 3, claimed)) == [HastenElection(0.0)]
+
+
+def test_a_majority_to_campaign_counts_live_peers_heard_within_the_window():
+    window = campaign_window(0.2, 0.3)
+    assert 0.2 < window < 0.3  # longer than a beat, shorter than the silence that starts an election
+    members = frozenset("abc")
+    # b's leader a froze: c still beats every 0.2 s.
+    assert can_campaign(10.0, frozenset("bc"), {"a": 9.4, "c": 9.85}, members, "b", window)
+    # b's receive path is cut: a and c were last heard when the cut began, >= 0.3 s before its
+    # election was due; their datagrams said they heard it (still "live" for suspect_timeout).
+    assert not can_campaign(10.0, frozenset("abc"), {"a": 9.6, "c": 9.7}, members, "b", window)
+    assert not can_campaign(10.0, frozenset("b"), {"a": 9.6, "c": 9.7}, members, "b", window)
+    # heard, but saying it does not hear b (not live): not counted.
+    assert not can_campaign(10.0, frozenset("b"), {"a": 9.95, "c": 9.95}, members, "b", window)
+    assert can_campaign(10.0, frozenset("bc"), None, members, "b", window)  # no arrival times: live counts
+    five = frozenset("abcde")
+    assert not can_campaign(10.0, frozenset("bc"), {"c": 9.9}, five, "b", window)
+    assert can_campaign(10.0, frozenset("bcd"), {"c": 9.9, "d": 9.9}, five, "b", window)
+    assert can_campaign(10.0, frozenset("a"), {}, frozenset("a"), "a", window)  # a fleet of one
+
+
 def test_the_leader_itself_never_hastens_or_holds():
     t = timer("a")
     assert t.update(5.0, frozenset("a"), "leader", "a", 3, LeaderBeat(True, 0.0)) == []
@@ -190,3 +226,11 @@ def test_hold_only_moves_a_future_deadline_later_and_hasten_only_earlier():
     transfer = FakeReplica(-1.0)  # past: a leadership transfer's TimeoutNow, pysyncobj acts on it next
     raft.RaftReplica.hold_election(transfer, 3.0)
     assert transfer.left() < 0
+
+
+def test_defer_moves_even_a_past_deadline_later_and_never_earlier():
+    r = FakeReplica(-0.5)  # past: pysyncobj would start an election at its next tick
+    raft.RaftReplica.defer_election(r, 1.0)
+    assert 0.9 < r.left() <= 1.0
+    raft.RaftReplica.defer_election(r, 0.2)  # earlier: ignored
+    assert r.left() > 0.8

@@ -6,7 +6,7 @@ import pytest
 
 from membership.commands import Join, MarkUp, Result
 from membership.config import MemberConfig, MemberSpec
-from membership.control import (HastenElection, KeepLinksOpen, MemberCore, RaftView, SubmitJoin, SubmitPlan,
+from membership.control import (DeferElection, HastenElection, KeepLinksOpen, MemberCore, RaftView, SubmitJoin, SubmitPlan,
                                 majority_heard_at)
 from membership.state import FleetState
 from topology import ProxyNode
@@ -153,10 +153,10 @@ def test_after_its_own_stall_a_node_neither_starts_an_election_nor_plans_until_i
     a = core("a")
     a.tick(1.0, frozenset("abc"), True, RaftView("leader", "a", 1, s))
     thawed = RaftView("leader", "a", 1, s)
-    assert of(SubmitPlan, a.tick(5.0, frozenset("a"), True, thawed)) == []
-    assert of(SubmitPlan, a.tick(5.35, frozenset("a"), True, thawed)) == []
-    plans = of(SubmitPlan, a.tick(5.41, frozenset("a"), True, thawed))
-    assert [type(p.command).__name__ for p in plans] == ["MarkDown"]
+    assert of(SubmitPlan, a.tick(5.0, frozenset("ab"), True, thawed)) == []
+    assert of(SubmitPlan, a.tick(5.35, frozenset("ab"), True, thawed)) == []
+    plans = of(SubmitPlan, a.tick(5.41, frozenset("ab"), True, thawed))
+    assert [(type(p.command).__name__, sorted(p.command.nodes)) for p in plans] == [("MarkDown", ["c"])]
 
     late = core("a")  # a tick 0.55 s late (a busy machine), shorter than dead_after_s (0.6): no relisten
     late.tick(1.0, frozenset("abc"), True, RaftView("leader", "a", 1, s))
@@ -185,3 +185,33 @@ def test_an_isolated_node_claims_no_unreachable_peer_in_degraded_mode():
     assert c.serving.degraded and c.serving.isolated and c.serving.unreachable == frozenset()
     c.tick(6.7, frozenset("a"), True, RaftView("candidate", None, 1, s))  # peers failed one by one
     assert not c.serving.isolated and c.serving.unreachable == {"b", "c"}
+
+
+def test_a_node_cut_off_from_every_peer_neither_campaigns_nor_as_leader_plans():
+    """One-way cut (it hears nobody, its datagrams and Raft messages still go out): as a follower
+    it must not ask for votes, as a leader it must not propose its view (everyone down), since
+    the followers still append its entries and the next leader would commit them."""
+    s = joined()
+    s, _ = s.apply(MarkUp({"a", "b", "c"}, s.epoch))
+    b = core("b")
+    b.tick(1.0, frozenset("abc"), True, RaftView("follower", "a", 1, s), heard_at={"a": 1.0, "c": 1.0})
+    for i in range(1, 11):  # a and c went silent at 1.0 (live until 1.6): its beat overdue, then dead
+        now = 1.0 + 0.2 * i
+        live = frozenset("abc") if now < 1.6 else frozenset("b")
+        actions = b.tick(now, live, True, RaftView("follower", "a", 1, s), heard_at={"a": 1.0, "c": 1.0})
+        assert of(HastenElection, actions) == []
+        assert (of(DeferElection, actions) != []) == (now - 1.0 >= 0.25)  # the others unheard for the window
+    healthy = core("b")  # the leader a froze; c still beats
+    healthy.tick(1.0, frozenset("abc"), True, RaftView("follower", "a", 1, s), heard_at={"a": 1.0, "c": 1.0})
+    healthy.tick(1.3, frozenset("abc"), True, RaftView("follower", "a", 1, s), heard_at={"a": 1.0, "c": 1.25})
+    actions = healthy.tick(1.6, frozenset("bc"), True, RaftView("follower", "a", 1, s), heard_at={"a": 1.0, "c": 1.55})
+    assert of(HastenElection, actions) == [HastenElection(0.0)] and of(DeferElection, actions) == []
+
+    a = core("a")
+    a.tick(1.0, frozenset("abc"), True, RaftView("leader", "a", 1, s))
+    a.tick(1.2, frozenset("abc"), True, RaftView("leader", "a", 1, s))
+    a.tick(1.4, frozenset("abc"), True, RaftView("leader", "a", 1, s))
+    assert of(SubmitPlan, a.tick(1.6, frozenset("a"), True, RaftView("leader", "a", 1, s))) == []
+    assert of(SubmitPlan, a.tick(1.8, frozenset("a"), True, RaftView("leader", "a", 1, s))) == []
+    plans = of(SubmitPlan, a.tick(2.0, frozenset("ab"), True, RaftView("leader", "a", 1, s)))
+    assert [(type(p.command).__name__, sorted(p.command.nodes)) for p in plans] == [("MarkDown", ["c"])]

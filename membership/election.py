@@ -32,7 +32,9 @@ backstop (``MemberConfig.raft_backstop_timeout``, with idle append_entries every
   it again after the heal. The window is shorter than the silence that starts an election (the
   leader's beat ``raft_min_timeout`` overdue: at least that long since the cut host last heard
   anyone) and longer than a beat, so a healthy follower, hearing the others every beat, asks at
-  once, or at the first beat to arrive after a late one.
+  once, or at the first beat to arrive after a late one. Back in contact, the silence counts
+  anew: the first peer heard after a heal is seldom the leader (a candidate 3 ms before the
+  leader's beat arrived deposed it).
 
 A leader whose datagrams carry no term (a node from before the leader's beat, in a rolling
 upgrade) still sends append_entries at Raft's old rate, so only the last rule applies to it and
@@ -133,7 +135,7 @@ class ElectionTimer:
     """One member's election decisions (see the module doc); :meth:`update` on every tick."""
 
     __slots__ = ("self_id", "overdue_s", "window_s", "beat_interval", "hold_s", "_key", "_since", "_fired",
-                 "_held", "next_due")
+                 "_held", "_deferred", "next_due")
 
     def __init__(self, self_id: ProxyId, overdue_s: float, window_s: float, beat_interval: float,
                  hold_s: float, now: float) -> None:
@@ -148,6 +150,7 @@ class ElectionTimer:
         self._since = now  # when the term or the leader last changed
         self._fired: float | None = None  # the due time already acted on
         self._held: float | None = None  # the claim already acted on
+        self._deferred = False  # the last update deferred (no majority in contact)
         #: When :meth:`update` must run next for a silent leader (inf: nothing pending).
         self.next_due = float("inf")
 
@@ -165,8 +168,12 @@ class ElectionTimer:
             self._key = (term, leader)
         if role == "leader":
             return []
-        if not electable:  # a rule that comes due meanwhile acts at the first tick with a majority
+        if not electable:
+            self._deferred = True
             return [DeferElection(self.hold_s)]
+        if self._deferred:  # back in contact: the leader's silence counts from now (its beat may
+            self._deferred = False  # arrive a few ms after the first peer's)
+            self._since = now
         if leader is not None and leader not in live:
             order = self._order(live, leader)
             return [HastenElection(order.index(self.self_id) * HASTEN_SPACING_S if self.self_id in order

@@ -92,6 +92,12 @@ class Pair:
         if self.tap is not None:
             self.tap.close()
 
+    def hold(self) -> None:
+        """Read nothing more from either side (proxy.datapath ``_fenced`` while isolated)."""
+        for t in (self.client, self.upstream):
+            if t is not None and not t.is_closing():
+                t.pause_reading()
+
     def abort(self, reason: str) -> None:
         if not self.closed:
             self.close(reason, level=logging.WARNING)

@@ -105,6 +105,8 @@ class DataPath:
         self.takeover_enabled = fleet and config.fleet is not None and config.fleet.address_takeover
         self.floating = self._floating(config, node_id, fleet)
         self._removed: dict[str, tuple[ProxyNode, float]] = {}  # node id -> (node, stand in until)
+        # Fenced while isolated: the connections held silent until the fence lifts (_fenced).
+        self._held: list[Pair] = []
         if self.floating is not None:
             self.floating.before_release = self._vacate
         self.node_drain = NodeDrain(self.takeover_enabled)
@@ -279,7 +281,7 @@ class DataPath:
                                                     "moved_away": sorted(moved_away)})
         drained = self.registry.drain(set(moved_away)) if moved_away else 0
         if self.floating is not None and self.floating.map_seen(serving):
-            self._fenced()
+            self._fenced(isolated=serving.isolated)
         if self.fleet and old.owners != serving.owners:
             self.registry.spawn(self.discovery.release_unheld())
         if self.fleet:
@@ -334,16 +336,41 @@ class DataPath:
                                                                  held)
         await self.listeners.stand_in(wanted)
         if self.floating is not None:
+            if self._held and not self.floating.fence.fenced:
+                self._drop_held()
             self.floating.tickle_taken()  # now that the taken addresses' ports listen
         self.listeners.hand_back_soon(lambda: self.serving)
 
-    def _fenced(self) -> None:
+    def _fenced(self, isolated: bool = False) -> None:
         """The node stalled or was cut off: a survivor may hold its address and serve its
-        clients now; drop every connection (their clients were reset or moved already)."""
+        clients now; drop every connection (their clients were reset or moved already).
+
+        ``isolated`` (this host hears no peer: its receive path is cut, it may still send): the
+        connections are held silent instead (nothing read or forwarded) and dropped when the
+        fence lifts. Dropped now, the FIN or RST would reach the clients at once, well before a
+        survivor holds the address (the peers declare this node down a beat later, then take):
+        they reconnected into an address no host answered, and the SYN's retransmission one
+        second later was their recovery (1.1-1.7 s on emulated hosts). Held, they wait for the
+        survivor's tickle ACKs, which reset them once the address answers."""
         pairs = list(self.registry.pairs)
+        if isolated:
+            for pair in pairs:
+                pair.hold()
+            self._held.extend(pairs)
+            log.warning("fenced while isolated: connections held silent until the fence lifts",
+                        extra={"node": self.node.id, "connections": len(pairs)})
+            return
         for pair in pairs:
             pair.abort("fenced: this node stalled or was cut off and may have lost its address")
         log.warning("fenced: connections dropped", extra={"node": self.node.id, "connections": len(pairs)})
+
+    def _drop_held(self) -> None:
+        held, self._held = self._held, []
+        live = [p for p in held if not p.closed]
+        for pair in live:
+            pair.abort("fenced while isolated: dropped as the fence lifts")
+        log.info("fence lifted: connections held since the isolation dropped",
+                 extra={"node": self.node.id, "connections": len(live)})
 
     def client_pairs(self) -> list[ClientPair]:
         """The IPv4 clients of this node (shared with the peers for tickle ACKs): those of its own

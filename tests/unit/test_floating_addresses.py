@@ -554,3 +554,37 @@ def test_a_removed_nodes_address_is_stood_in_for_like_a_vacant_ones():
     assert removed_stand_ins(m, "p1", {1, 2, 3}, [p3], draining=True) == ()
     back = fleet_map({1: "p1", 2: "p2", 3: "p3"})  # added back: its own node serves there
     assert removed_stand_ins(back, "p1", {1, 2, 3}, [p3], draining=False) == ()
+
+
+class _FakePair:
+    def __init__(self) -> None:
+        self.closed, self.held, self.aborted = False, False, None
+
+    def hold(self) -> None:
+        self.held = True
+
+    def abort(self, reason: str) -> None:
+        self.closed, self.aborted = True, reason
+
+
+def test_an_isolated_fence_holds_the_connections_silent_and_drops_them_when_it_lifts():
+    """A host that hears nothing may still send: a drop at the fence would reach its clients
+    before a survivor holds the address (they reconnect into the void); held, they wait for the
+    survivor's tickles. A stall or a heal after a degraded spell still drops them at once."""
+    from proxy.datapath import DataPath
+
+    pairs = [_FakePair(), _FakePair()]
+    node = attrs.make_class("Node", ["id"])("p1")
+    dp = type("FakeDataPath", (), {})()
+    dp.registry, dp.node, dp._held = attrs.make_class("Reg", ["pairs"])(set(pairs)), node, []
+    DataPath._fenced(dp, isolated=True)
+    assert all(p.held and p.aborted is None for p in pairs) and len(dp._held) == 2
+    pairs[0].abort("its client closed it meanwhile")
+    DataPath._drop_held(dp)
+    assert pairs[1].aborted is not None and "isolated" in pairs[1].aborted and dp._held == []
+    assert pairs[0].aborted == "its client closed it meanwhile"  # not aborted twice
+
+    stalled = [_FakePair()]
+    dp.registry = attrs.make_class("Reg", ["pairs"])(set(stalled))
+    DataPath._fenced(dp)
+    assert stalled[0].aborted is not None and not stalled[0].held and dp._held == []

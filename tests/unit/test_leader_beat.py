@@ -163,9 +163,13 @@ def test_without_a_majority_a_follower_defers_every_election_then_asks_at_the_fi
     assert t.update(5.0, frozenset("b"), "follower", "a", 3, claimed, electable=False) == [DeferElection(HOLD)]
     assert t.update(5.0, frozenset("b"), "candidate", None, 4, electable=False) == [DeferElection(HOLD)]
     assert t.next_due == float("inf")
-    back = timer("b")
+    back = timer("b")  # back in contact: the silence counts anew, the leader's beat is due soon
     back.update(due + 0.05, LIVE, "follower", "a", 3, claimed, electable=False)
-    assert hastens(back.update(due + 0.1, LIVE, "follower", "a", 3, claimed)) == [HastenElection(0.0)]
+    assert hastens(back.update(due + 0.1, LIVE, "follower", "a", 3, claimed)) == []
+    assert back.next_due == pytest.approx(due + 0.1 + BEAT + OVERDUE)
+    assert hastens(back.update(due + 0.11, LIVE, "follower", "a", 3, LeaderBeat(True, due + 0.11))) == []
+    assert hastens(back.update(back.next_due, LIVE, "follower", "a", 3, LeaderBeat(True, due + 0.11))) == [
+        HastenElection(0.0)]  # and a leader silent for as long again is replaced
 
 
 def test_a_majority_to_campaign_counts_live_peers_heard_within_the_window():

@@ -329,9 +329,14 @@ class MemberCore:
             out.append(_emit(now, "role", role=role, leader=leader, term=raft.term))
         self.view = MemberView(role, raft.term, leader, has_quorum, degraded)
 
+        # In two-way contact with a majority, each heard within the campaign window: needed to ask
+        # for votes and, as leader, to propose. "Live" alone is not enough: a host whose receive path
+        # was just cut still counts a peer live until suspect_timeout, and the peers' last datagrams
+        # expire one by one: for a moment it saw exactly a majority and, as leader, proposed marking
+        # the other one down (its followers appended it; the next leader committed it).
+        in_contact = can_campaign(now, live, heard_at, self._all_ids, self.node_id, self._campaign_window)
         if not relistening:
-            electable = can_campaign(now, live, heard_at, self._all_ids, self.node_id, self._campaign_window)
-            out.extend(self.election.update(now, live, role, leader, raft.term, leader_beat, electable))
+            out.extend(self.election.update(now, live, role, leader, raft.term, leader_beat, in_contact))
         if self.refused is None:
             self._check_format(state, now, out)
         if self.refused is not None:  # never joins, plans or publishes again
@@ -344,10 +349,10 @@ class MemberCore:
             if not self._was_leader:
                 self._planner.reset()
                 self._was_leader = True
-            # A leader that no majority hears both ways proposes nothing: it cannot commit, and a
+            # A leader out of contact with a majority proposes nothing: it cannot commit, and a
             # one-way cut leader's followers still take its entries, so its view of the others
             # (all down: it hears nobody) reached the log and the next leader committed it.
-            if not relistening and majority:
+            if not relistening and in_contact:
                 self._maybe_plan(state, live, heard_all, now, out)
             self._maybe_hand_over(state, now, out)
         elif self._was_leader:

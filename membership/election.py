@@ -33,8 +33,9 @@ backstop (``MemberConfig.raft_backstop_timeout``, with idle append_entries every
   leader's beat ``raft_min_timeout`` overdue: at least that long since the cut host last heard
   anyone) and longer than a beat, so a healthy follower, hearing the others every beat, asks at
   once, or at the first beat to arrive after a late one. Back in contact, the silence counts
-  anew: the first peer heard after a heal is seldom the leader (a candidate 3 ms before the
-  leader's beat arrived deposed it).
+  anew, and a leader not live yet is given ``CONTACT_SETTLE_BEATS`` beats: the first peer heard
+  after a heal is seldom the leader (a candidate 3 ms before the leader's beat arrived deposed
+  it), and after a two-way cut the leader's first datagrams still say it does not hear us.
 
 A leader whose datagrams carry no term (a node from before the leader's beat, in a rolling
 upgrade) still sends append_entries at Raft's old rate, so only the last rule applies to it and
@@ -56,6 +57,9 @@ from topology import ProxyId
 HASTEN_SPACING_S = 0.1
 # A silent leader's followers ask at least this far apart (their window may be narrower).
 MIN_SPACING_S = 0.02
+# Back in contact after a spell without a majority, the "leader dead" rule waits this many beats:
+# after a two-way cut the leader's first datagrams still say it does not hear us (until ours reach it).
+CONTACT_SETTLE_BEATS = 2
 
 
 @attrs.frozen(slots=True)
@@ -135,7 +139,7 @@ class ElectionTimer:
     """One member's election decisions (see the module doc); :meth:`update` on every tick."""
 
     __slots__ = ("self_id", "overdue_s", "window_s", "beat_interval", "hold_s", "_key", "_since", "_fired",
-                 "_held", "_deferred", "next_due")
+                 "_held", "_deferred", "_contact_at", "next_due")
 
     def __init__(self, self_id: ProxyId, overdue_s: float, window_s: float, beat_interval: float,
                  hold_s: float, now: float) -> None:
@@ -151,6 +155,7 @@ class ElectionTimer:
         self._fired: float | None = None  # the due time already acted on
         self._held: float | None = None  # the claim already acted on
         self._deferred = False  # the last update deferred (no majority in contact)
+        self._contact_at = float("-inf")  # when a majority was in contact again after a deferral
         #: When :meth:`update` must run next for a silent leader (inf: nothing pending).
         self.next_due = float("inf")
 
@@ -173,8 +178,12 @@ class ElectionTimer:
             return [DeferElection(self.hold_s)]
         if self._deferred:  # back in contact: the leader's silence counts from now (its beat may
             self._deferred = False  # arrive a few ms after the first peer's)
-            self._since = now
+            self._since = self._contact_at = now
         if leader is not None and leader not in live:
+            settled = self._contact_at + CONTACT_SETTLE_BEATS * self.beat_interval
+            if now < settled:  # the leader's first datagrams may still say it does not hear us
+                self.next_due = settled
+                return []
             order = self._order(live, leader)
             return [HastenElection(order.index(self.self_id) * HASTEN_SPACING_S if self.self_id in order
                                    else len(order) * HASTEN_SPACING_S)]

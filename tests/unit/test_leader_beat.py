@@ -11,7 +11,7 @@ import pytest
 from pysyncobj import SyncObj
 
 from membership import raft
-from membership.election import (HASTEN_SPACING_S, DeferElection, ElectionTimer, HastenElection, HoldElection,
+from membership.election import (CONTACT_SETTLE_BEATS, HASTEN_SPACING_S, DeferElection, ElectionTimer, HastenElection, HoldElection,
                                  LeaderBeat, LeaderClaim, append_entries_period, campaign_window, can_campaign,
                                  leader_beat)
 from membership.liveness import Beat, decode, encode
@@ -170,6 +170,13 @@ def test_without_a_majority_a_follower_defers_every_election_then_asks_at_the_fi
     assert hastens(back.update(due + 0.11, LIVE, "follower", "a", 3, LeaderBeat(True, due + 0.11))) == []
     assert hastens(back.update(back.next_due, LIVE, "follower", "a", 3, LeaderBeat(True, due + 0.11))) == [
         HastenElection(0.0)]  # and a leader silent for as long again is replaced
+    # After a two-way cut the leader's first datagrams say it does not hear us yet: not dead.
+    healed = timer("b")
+    healed.update(5.0, frozenset("b"), "follower", "a", 3, claimed, electable=False)
+    assert healed.update(5.1, frozenset("bc"), "follower", "a", 3, claimed) == []
+    assert healed.next_due == pytest.approx(5.1 + CONTACT_SETTLE_BEATS * BEAT)
+    assert hastens(healed.update(5.1 + CONTACT_SETTLE_BEATS * BEAT, frozenset("bc"), "follower", "a", 3,
+                                 claimed)) == [HastenElection(0.0)]  # still not live: it is gone
 
 
 def test_a_majority_to_campaign_counts_live_peers_heard_within_the_window():

@@ -215,3 +215,18 @@ def test_a_node_cut_off_from_every_peer_neither_campaigns_nor_as_leader_plans():
     assert of(SubmitPlan, a.tick(1.8, frozenset("a"), True, RaftView("leader", "a", 1, s))) == []
     plans = of(SubmitPlan, a.tick(2.0, frozenset("ab"), True, RaftView("leader", "a", 1, s)))
     assert [(type(p.command).__name__, sorted(p.command.nodes)) for p in plans] == [("MarkDown", ["c"])]
+
+
+def test_a_leader_whose_peers_expire_one_by_one_after_a_cut_does_not_plan_on_the_one_still_live():
+    """Its receive path cut at 1.0, a leader still counts b live (heard 0.95) when c expires (heard
+    0.8): a majority by suspect_timeout, but neither was heard within the campaign window."""
+    s = joined()
+    s, _ = s.apply(MarkUp({"a", "b", "c"}, s.epoch))
+    a = core("a")
+    for now in (1.0, 1.2, 1.4):
+        a.tick(now, frozenset("abc"), True, RaftView("leader", "a", 1, s), heard_at={"b": 0.95, "c": 0.8})
+    assert of(SubmitPlan, a.tick(1.5, frozenset("ab"), True, RaftView("leader", "a", 1, s),
+                                 heard_at={"b": 0.95, "c": 0.8})) == []
+    plans = of(SubmitPlan, a.tick(1.6, frozenset("ab"), True, RaftView("leader", "a", 1, s),
+                                  heard_at={"b": 1.55, "c": 0.8}))  # b heard again: c is the one gone
+    assert [(type(p.command).__name__, sorted(p.command.nodes)) for p in plans] == [("MarkDown", ["c"])]

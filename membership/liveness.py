@@ -67,7 +67,8 @@ class Beat:
 
 
 def _mac(key: bytes, body: bytes) -> bytes:
-    return hmac.new(key, body, hashlib.sha256).digest()[:MAC_BYTES]
+    # hmac.digest: OpenSSL's one-shot HMAC, no Python HMAC object (two per datagram, every beat).
+    return hmac.digest(key, body, "sha256")[:MAC_BYTES]
 
 
 def encode(key: bytes, node_id: str, incarnation: bytes, seq: int, hears_you: bool | None = True,
@@ -128,7 +129,7 @@ class Liveness:
     hears us."""
 
     __slots__ = ("self_id", "peers", "suspect_timeout", "_heard", "_heard_view", "_refused", "_last", "_hears_us",
-                 "_contact", "_judged_at")
+                 "_contact", "_judged_at", "_changes", "_hearing_memo")
 
     def __init__(self, self_id: str, peers: Iterable[str], suspect_timeout: float) -> None:
         self.self_id = self_id
@@ -143,8 +144,12 @@ class Liveness:
         # The latest time :meth:`live` judged the peers at: a peer heard then stays a timer of
         # :meth:`next_expiry` until a later judgement sees it stale, even once its expiry is past.
         self._judged_at = float("-inf")
+        # hearing(now) is asked several times per tick with one ``now``: kept until an input changes.
+        self._changes = 0
+        self._hearing_memo: tuple[float, int, frozenset[str]] | None = None
 
     def set_peers(self, peers: Iterable[str]) -> None:
+        self._changes += 1
         self.peers = frozenset(peers)
         for book in (self._heard, self._refused, self._last, self._hears_us):
             for gone in set(book) - self.peers:
@@ -163,6 +168,7 @@ class Liveness:
         if last is not None and last[0] == beat.incarnation and beat.seq <= last[1]:
             return False
         self._last[peer] = (beat.incarnation, beat.seq)
+        self._changes += 1
         self._heard[peer] = now
         self._hears_us[peer] = beat.hears_you
         if beat.hears_you is not False:
@@ -171,6 +177,7 @@ class Liveness:
 
     def refused(self, peer: str, now: float) -> None:
         if peer in self.peers:
+            self._changes += 1
             self._refused[peer] = now
 
     # ---- view --------------------------------------------------------------------------------
@@ -189,7 +196,12 @@ class Liveness:
         return self._heard_view
 
     def hearing(self, now: float) -> frozenset[str]:
-        return frozenset(p for p in self.peers if self.hears(p, now))
+        memo = self._hearing_memo
+        if memo is not None and memo[0] == now and memo[1] == self._changes:
+            return memo[2]
+        heard = frozenset(p for p in self.peers if self.hears(p, now))
+        self._hearing_memo = (now, self._changes, heard)
+        return heard
 
     def speaks_v1(self, peer: str) -> bool:
         """Its latest datagram was a ``KPH1`` one: answer in kind (it cannot read ``KPH2``)."""
@@ -208,7 +220,7 @@ class Liveness:
     def live(self, now: float) -> frozenset[str]:
         if now > self._judged_at:
             self._judged_at = now
-        return frozenset([self.self_id, *(p for p in self.peers if self.is_live(p, now))])
+        return frozenset([self.self_id, *(p for p in self.hearing(now) if self._hears_us.get(p) is not False)])
 
     def isolated(self, now: float, together_s: float) -> bool:
         """This node hears none of its (two or more) peers, none refused since it last heard

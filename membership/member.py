@@ -37,7 +37,7 @@ from membership.commands import (ADD, REJECTED, REMOVE, BeginAdd, BeginRemove, C
                                   MemberChange, Result, Undrain)
 from membership.config import MemberConfig, MemberSpec
 from membership.control import MemberCore, RaftView
-from membership.election import NO_BEAT, LeaderBeat, append_entries_period, leader_beat
+from membership.election import NO_BEAT, LeaderBeat, append_entries_period, claimed_by_a_peer, leader_beat
 from membership.formats import SUPPORTED, FormatRange
 from membership.heartbeat import Heartbeat
 from membership.raft import RaftReplica
@@ -440,17 +440,21 @@ class Member:
         leader = self.node_id if role == "leader" else self._addr_to_id.get(raft.leader_address())
         view = RaftView(role, leader, term, raft.state)
         heard_all = all(hb.has_heard(p) for p in hb.peers)
-        self._execute(raft, self._core.tick(now, hb.live(now), heard_all, view, isolated=hb.isolated(now),
-                                            leader_beat=self._leader_beat(hb, leader, term),
+        live = hb.live(now)
+        self._execute(raft, self._core.tick(now, live, heard_all, view, isolated=hb.isolated(now),
+                                            leader_beat=self._leader_beat(hb, leader, term, live),
                                             hearing=hb.view.hearing(now), heard_at=hb.view.heard_at()))
         if role == "leader":
             raft.set_append_entries_period(append_entries_period(
                 self.config.append_entries_period, self.config.legacy_append_entries_period, hb.legacy_peers()))
 
-    def _leader_beat(self, hb: Heartbeat, leader: str | None, term: int) -> LeaderBeat:
-        """What the heartbeat says of the leader Raft names (membership.election)."""
-        if leader is None or leader == self.node_id:
+    def _leader_beat(self, hb: Heartbeat, leader: str | None, term: int, live: frozenset[str]) -> LeaderBeat:
+        """What the heartbeat says of the leader Raft names, or with none named, of the live
+        peers that claim leadership (membership.election)."""
+        if leader == self.node_id:
             return NO_BEAT
+        if leader is None:
+            return claimed_by_a_peer((hb.leader_claim(p) for p in live if p != self.node_id), term)
         return leader_beat(hb.speaks_leader_beat(leader), hb.leader_claim(leader), term)
 
     def _execute(self, raft: RaftReplica, actions: list[control.Action]) -> None:

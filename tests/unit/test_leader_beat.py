@@ -13,7 +13,7 @@ from pysyncobj import SyncObj
 from membership import raft
 from membership.election import (CONTACT_SETTLE_BEATS, HASTEN_SPACING_S, DeferElection, ElectionTimer, HastenElection, HoldElection,
                                  LeaderBeat, LeaderClaim, append_entries_period, campaign_window, can_campaign,
-                                 leader_beat)
+                                 claimed_by_a_peer, leader_beat)
 from membership.liveness import Beat, decode, encode
 from tests.unit.test_liveness import INC, INTERVAL, KEY, Fleet
 
@@ -177,6 +177,21 @@ def test_without_a_majority_a_follower_defers_every_election_then_asks_at_the_fi
     assert healed.next_due == pytest.approx(5.1 + CONTACT_SETTLE_BEATS * BEAT)
     assert hastens(healed.update(5.1 + CONTACT_SETTLE_BEATS * BEAT, frozenset("bc"), "follower", "a", 3,
                                  claimed)) == [HastenElection(0.0)]  # still not live: it is gone
+
+
+def test_with_no_leader_named_a_live_peers_claim_holds_the_election_off():
+    """Back from a cut, Raft names no leader until the new one's append_entries arrive; the new
+    leader's beat, claiming our term or a later one, holds the election off meanwhile."""
+    assert claimed_by_a_peer([None, LeaderClaim(7, 2.0), LeaderClaim(8, 2.1)], 7) == LeaderBeat(True, 2.1)
+    assert claimed_by_a_peer([LeaderClaim(6, 2.0)], 7) == LeaderBeat(False, None)  # a deposed leader's
+    assert claimed_by_a_peer([], 7) == LeaderBeat(False, None)
+    t = timer("b", now=0.0)
+    for now in (0.2, 0.4, 0.6, 0.8, 1.0):  # a claim every beat: never silent long enough
+        actions = t.update(now, LIVE, "follower", None, 7, claimed_by_a_peer([LeaderClaim(7, now)], 7))
+        assert hastens(actions) == [] and HoldElection(HOLD) in actions
+    due = 1.0 + BEAT + OVERDUE + HASTEN_SPACING_S  # b is second of a, b, c
+    assert hastens(t.update(due, LIVE, "follower", None, 7, claimed_by_a_peer([LeaderClaim(7, 1.0)], 7))) == [
+        HastenElection(0.0)]  # the claims stopped: an election after the same silence as for a named leader
 
 
 def test_a_majority_to_campaign_counts_live_peers_heard_within_the_window():

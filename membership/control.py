@@ -9,8 +9,9 @@ whether every peer has been heard once, and a :class:`RaftView` (role, leader,
 term, committed state); besides, the local brokers (:meth:`set_brokers`) and
 the results of the commands it asked to submit (:meth:`join_done`,
 :meth:`plan_done`). Actions, in the order the shell must execute them:
-:class:`KeepLinksOpen`, :class:`Emit`, :class:`HastenElection` / :class:`HoldElection` / :class:`DeferElection`,
-:class:`SubmitJoin`, :class:`SubmitPlan`, :class:`NewRoster`, :class:`NewState`, :class:`Publish`.
+:class:`KeepLinksOpen`, :class:`Emit`, :class:`HastenElection` / :class:`HoldElection` /
+:class:`DeferElection`, :class:`SubmitJoin`, :class:`SubmitPlan`, :class:`NewRoster`, :class:`NewState`,
+:class:`Publish`.
 
 What it decides:
 
@@ -174,8 +175,8 @@ class Refuse:
     reason: str
 
 
-Action = (KeepLinksOpen | HastenElection | HoldElection | DeferElection | SubmitJoin | SubmitPlan | HandOver | Emit | NewRoster
-          | NewState | Publish | Refuse)
+Action = (KeepLinksOpen | HastenElection | HoldElection | DeferElection | SubmitJoin | SubmitPlan | HandOver | Emit
+          | NewRoster | NewState | Publish | Refuse)
 
 
 def _emit(now: float, event: str, **fields: Any) -> Emit:

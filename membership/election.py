@@ -13,8 +13,8 @@ backstop (``MemberConfig.raft_backstop_timeout``, with idle append_entries every
 * **hold**: a beat from the leader we know, claiming leadership of our term or a later one,
   pushes Raft's election deadline forward (:class:`HoldElection`): a leader whose beats arrive
   is alive even if an append_entries is late. With no leader known, a live peer's claim does the
-  same (:func:`claimed_by_a_peer`): its append_entries are on their way. A deposed leader claims an older term, and a
-  node that stepped down claims nothing: neither holds anyone's election off.
+  same (:func:`claimed_by_a_peer`): its append_entries are on their way. A deposed leader claims
+  an older term, and a node that stepped down claims nothing: neither holds anyone's election off.
 * **leader silent**: a leader that beats but whose claim is ``raft_min_timeout`` overdue (its
   next beat was due ``heartbeat_interval`` after the last), or no leader at all for as long (a
   lost election, a fresh fleet), starts an election (:class:`HastenElection`), followers in id

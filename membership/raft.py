@@ -22,8 +22,8 @@ order, on the pysyncobj tick thread). Pitfalls handled here (DESIGN §9):
 Every access to pysyncobj's private, name-mangled internals lives in
 :class:`RaftReplica` (``role``, ``leader_address``, ``keep_links_open``,
 ``on_link_lost``, ``cap_poll_wait``, ``subscribe_fd``), in :func:`election_deadline`
-(``hasten_election``, ``hold_election``, ``defer_election``) and in :func:`bind_outgoing`; they are
-written against pysyncobj ``PINNED_PYSYNCOBJ`` and checked against a real
+(``hasten_election``, ``hold_election``, ``defer_election``) and in :func:`bind_outgoing`; they
+are written against pysyncobj ``PINNED_PYSYNCOBJ`` and checked against a real
 ``SyncObj`` by tests/integration/test_raft_private.py.
 
 Versions: pysyncobj numbers the ``@replicated`` methods by their sorted names

@@ -11,9 +11,9 @@ import pytest
 from pysyncobj import SyncObj
 
 from membership import raft
-from membership.election import (CONTACT_SETTLE_BEATS, HASTEN_SPACING_S, DeferElection, ElectionTimer, HastenElection, HoldElection,
-                                 LeaderBeat, LeaderClaim, append_entries_period, campaign_window, can_campaign,
-                                 claimed_by_a_peer, leader_beat)
+from membership.election import (CONTACT_SETTLE_BEATS, HASTEN_SPACING_S, DeferElection, ElectionTimer,
+                                 HastenElection, HoldElection, LeaderBeat, LeaderClaim, append_entries_period,
+                                 campaign_window, can_campaign, claimed_by_a_peer, leader_beat)
 from membership.liveness import Beat, decode, encode
 from tests.unit.test_liveness import INC, INTERVAL, KEY, Fleet
 

@@ -6,8 +6,8 @@ import pytest
 
 from membership.commands import Join, MarkUp, Result
 from membership.config import MemberConfig, MemberSpec
-from membership.control import (DeferElection, HastenElection, KeepLinksOpen, MemberCore, RaftView, SubmitJoin, SubmitPlan,
-                                majority_heard_at)
+from membership.control import (DeferElection, HastenElection, KeepLinksOpen, MemberCore, RaftView, SubmitJoin,
+                                SubmitPlan, majority_heard_at)
 from membership.state import FleetState
 from topology import ProxyNode
 

@@ -50,7 +50,7 @@ class Pair:
     checks read a plain attribute); ``drain`` exists once a drain started."""
 
     __slots__ = ("registry", "listener", "client", "upstream", "codec", "closed", "draining", "peer", "upstream_addr",
-                 "_pending", "tap", "splice", "group", "drain", "tls", "turn")
+                 "_pending", "tap", "splice", "group", "drain", "tls", "turn", "elsewhere")
     _ids = itertools.count()
 
     def __init__(self, registry: ConnectionRegistry, listener: int) -> None:
@@ -62,6 +62,8 @@ class Pair:
         self.closed = False
         self.draining = False
         self.group = False  # it carried group-coordinator requests (GROUP_API_KEYS)
+        # Accepted while the map gave its identity to another node (ConnectionRegistry.served_elsewhere).
+        self.elsewhere = False
         self.drain: ConnectionDrain | None = None
         self.peer = "?"
         self.upstream_addr: HostPort | None = None
@@ -185,6 +187,7 @@ class ClientSide(asyncio.BufferedProtocol):
         pair.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         transport.set_write_buffer_limits(high=registry.limits.high_water_bytes)
         transport.pause_reading()  # until the upstream connection is made
+        pair.elsewhere = registry.served_elsewhere(self.listener)
         registry.accept(pair)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -209,6 +212,9 @@ class ClientSide(asyncio.BufferedProtocol):
             metrics.count_requests(headers)
             if not pair.group:
                 pair.group = any(h.api_key in GROUP_API_KEYS for h in headers)
+                if pair.group and pair.elsewhere and self.registry.served_elsewhere(pair.listener):
+                    self._send_to_coordinator_lookup(pair)
+                    return
         metrics.bytes_to_broker += nbytes
         upstream = pair.upstream
         if upstream is not None:
@@ -219,6 +225,21 @@ class ClientSide(asyncio.BufferedProtocol):
             if pair._pending is None:
                 pair._pending = []
             pair._pending.append(bytes(data))
+
+    def _send_to_coordinator_lookup(self, pair: Pair) -> None:
+        """A group-coordinator request on a connection made to this node for an identity the map
+        gives to another node. Clients keep the coordinator's address from FindCoordinator, not
+        from Metadata (librdkafka's and Java's coordinator connection, aiokafka's coordination
+        group): after the identity moved on, a connection closed at an idle moment comes back to
+        the same address, and this node would go on carrying the group's commits and heartbeats
+        for an identity it does not serve, so a fault of this node would then stall every
+        consumer of the group. The request is not forwarded; the connection is closed with it
+        in flight, which clients treat as a dead coordinator: they look it up again at once
+        (FindCoordinator, answered with the owner's address) and send the request there."""
+        self.registry.metrics.coordinator_redirects.inc()
+        log.info("group request for an identity another node serves: closing, the client looks its coordinator up",
+                 extra={"peer": pair.peer, "listener": pair.listener})
+        pair.close("group request for an identity served elsewhere", level=logging.DEBUG)
 
     def eof_received(self) -> bool | None:
         return False

@@ -126,6 +126,7 @@ class DataPath:
                                           on_given_back=_trace_turn)
         self.registry.unstall = self._unstall
         self.registry.owned_here = self._owned_here
+        self.registry.served_elsewhere = self._served_elsewhere
         self._setup_tls(config)
         self.listeners = Listeners(self.node, self.registry, reuse_port=self.takeover_enabled or reuse_port,
                                    on_bound=self._bound_changed, tls=self.listener_tls,
@@ -324,6 +325,12 @@ class DataPath:
 
     def _owned_here(self, listener: int) -> bool:
         return listener == BOOTSTRAP or self._owners.get(listener) == self.node.id
+
+    def _served_elsewhere(self, listener: int) -> bool:
+        """The map in effect gives this listener's identity to another node (a fleet map: a
+        standalone node owns what it binds; an identity nobody owns is served where asked)."""
+        owner = self._owners.get(listener)
+        return self.fleet and owner is not None and owner != self.node.id
 
     async def _sync_takeover(self) -> None:
         if self.floating is None:

@@ -54,6 +54,11 @@ class ProxyMetrics:
         self.drain_deferred = Counter("kproxy_drain_close_deferred",
                                       "Drain closes put off because a client request was still unread",
                                       labels, registry=self.registry).labels(node_id)
+        self.coordinator_redirects = Counter(
+            "kproxy_coordinator_redirects",
+            "Client connections closed at their first group-coordinator request because another node serves that "
+            "broker identity (the client had the address from an older map): the client looks its coordinator up "
+            "again", labels, registry=self.registry).labels(node_id)
         self.active = self.connections_active.labels(node_id)
         # Hot path: plain ints and a dict, exported by _HotCollector.
         self.created = time.time()

@@ -68,8 +68,10 @@ class ConnectionRegistry:
     """The live connections of one node and the services they use (see the module doc).
 
     ``connect`` (make a pair's upstream connection), ``unstall`` (learn the
-    brokers a response named, then resume it) and ``owned_here`` (does this
-    node still advertise a listener's identity) are the data path's, set by it.
+    brokers a response named, then resume it), ``owned_here`` (does this
+    node still advertise a listener's identity) and ``served_elsewhere`` (does
+    the map in effect give a listener's identity to another node) are the data
+    path's, set by it.
     """
 
     def __init__(self, node_id: str, limits: Limits, metrics: ProxyMetrics, rewriter: ResponseRewriter | None,
@@ -93,6 +95,7 @@ class ConnectionRegistry:
         self.connect: Callable[[Pair], Awaitable[None]] | None = None
         self.unstall: Callable[[Pair, UnknownBroker], Awaitable[None]] | None = None
         self.owned_here: Callable[[int], bool] = lambda listener: True
+        self.served_elsewhere: Callable[[int], bool] = lambda listener: False
         # Called at every accept and close (the client list's version, proxy.addresses.peers).
         self.on_change: Callable[[], None] | None = None
 

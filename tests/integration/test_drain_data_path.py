@@ -239,3 +239,62 @@ def test_group_coordinator_connections_move_last(kafka_cluster, topic_name):
     assert r["plain_closed"], r
     assert r["stayed_cid"] == 3 and not r["stayed_draining"], r  # its identity came back: it stayed and serves
     assert r["open_at_once"] and r["group_closed"], r
+
+
+def test_group_request_for_an_identity_served_elsewhere_sends_the_client_to_look_it_up(kafka_cluster, topic_name):
+    """A connection made to this node for an identity the map gives to another node (the
+    address came from an older map: clients keep the coordinator's address from FindCoordinator)
+    is served until its first group-coordinator request, which is not forwarded: the connection
+    closes with it in flight, and the client looks its coordinator up again. A connection made
+    while the node owned the identity is the drain's business, not this rule's; without a group
+    request nothing changes; once the identity is back, group requests are forwarded again."""
+    config, leader = _node_config_and_leader(kafka_cluster, topic_name)
+
+    def heartbeat(cid: int) -> bytes:
+        return request_frame(make(HeartbeatRequest, group_id="kproxy-test-nogroup", generation_id=-1,
+                                  member_id="nobody"), cid)
+
+    async def scenario() -> dict[str, object]:
+        node = DataPath(config, "p1", fleet=True)
+        await node.start()
+        try:
+            node.apply_map(ServingMap(epoch=1, owners={leader: "p1"}))
+            port = proxy_node(config, "p1").address_for(leader)[1]
+            out: dict[str, object] = {}
+            # Made while this node owns the identity: its heartbeat is answered.
+            r, w = await asyncio.open_connection(HOST, port)
+            w.write(heartbeat(1))
+            out["owned_cid"] = struct.unpack(">i", (await _read_frame(r, 10))[4:8])[0]
+            w.close()
+
+            node.apply_map(ServingMap(epoch=2, owners={leader: "p2"}))
+            redirects0 = node.metrics.coordinator_redirects._value.get()
+            # Made after the identity moved on: ApiVersions is served, the heartbeat closes it.
+            r, w = await asyncio.open_connection(HOST, port)
+            w.write(request_frame(make(ApiVersionsRequest), 2))
+            out["elsewhere_api_versions_cid"] = struct.unpack(">i", (await _read_frame(r, 10))[4:8])[0]
+            w.write(heartbeat(3))
+            out["elsewhere_closed"] = await _eof_within(r, 5)
+            out["redirects"] = node.metrics.coordinator_redirects._value.get() - redirects0
+            w.close()
+            # Without a group request such a connection is served on.
+            r, w = await asyncio.open_connection(HOST, port)
+            for cid in (4, 5):
+                w.write(request_frame(make(ApiVersionsRequest), cid))
+                out[f"plain_cid_{cid}"] = struct.unpack(">i", (await _read_frame(r, 10))[4:8])[0]
+            w.close()
+
+            node.apply_map(ServingMap(epoch=3, owners={leader: "p1"}))
+            r, w = await asyncio.open_connection(HOST, port)
+            w.write(heartbeat(6))
+            out["back_cid"] = struct.unpack(">i", (await _read_frame(r, 10))[4:8])[0]
+            w.close()
+            return out
+        finally:
+            await node.stop()
+
+    r = uvloop.run(scenario())
+    assert r["owned_cid"] == 1, r
+    assert r["elsewhere_api_versions_cid"] == 2 and r["elsewhere_closed"] and r["redirects"] == 1, r
+    assert r["plain_cid_4"] == 4 and r["plain_cid_5"] == 5, r
+    assert r["back_cid"] == 6, r

@@ -62,7 +62,8 @@ class Pair:
         self.closed = False
         self.draining = False
         self.group = False  # it carried group-coordinator requests (GROUP_API_KEYS)
-        # Accepted while the map gave its identity to another node (ConnectionRegistry.served_elsewhere).
+        # Accepted on this node's own address while the map gave its identity to another node
+        # (ConnectionRegistry.served_elsewhere; a stand-in's connections never are).
         self.elsewhere = False
         self.drain: ConnectionDrain | None = None
         self.peer = "?"
@@ -138,13 +139,16 @@ class ClientSide(asyncio.BufferedProtocol):
     the handshake comes between (proxy.tls.start_server_tls): ``connection_made``
     is called again with the TLS layer's transport, and the pair is made then."""
 
-    __slots__ = ("registry", "listener", "pair", "_buffers", "_view", "tls")
+    __slots__ = ("registry", "listener", "pair", "_buffers", "_view", "tls", "stand_in")
 
     def __init__(self, registry: ConnectionRegistry, listener: int,
-                 tls: TlsEndpoint | object | None = None) -> None:
+                 tls: TlsEndpoint | object | None = None, *, stand_in: bool = False) -> None:
         self.registry = registry
         self.listener = listener
         self.tls = tls
+        # Accepted on a vacant node's address (proxy.listeners stand-ins): a client that kept that
+        # address, its group coordinator's above all, is served there whoever owns the identity.
+        self.stand_in = stand_in
         self.pair: Pair | None = None  # made in connection_made, unless the connection is refused
         self._buffers: ReadBuffers = read_buffers()
         self._view: memoryview = self._buffers.view
@@ -187,7 +191,7 @@ class ClientSide(asyncio.BufferedProtocol):
         pair.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         transport.set_write_buffer_limits(high=registry.limits.high_water_bytes)
         transport.pause_reading()  # until the upstream connection is made
-        pair.elsewhere = registry.served_elsewhere(self.listener)
+        pair.elsewhere = not self.stand_in and registry.served_elsewhere(self.listener)
         registry.accept(pair)
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -227,8 +231,8 @@ class ClientSide(asyncio.BufferedProtocol):
             pair._pending.append(bytes(data))
 
     def _send_to_coordinator_lookup(self, pair: Pair) -> None:
-        """A group-coordinator request on a connection made to this node for an identity the map
-        gives to another node. Clients keep the coordinator's address from FindCoordinator, not
+        """A group-coordinator request on a connection made to this node's own address for an
+        identity the map gives to another node. Clients keep the coordinator's address from FindCoordinator, not
         from Metadata (librdkafka's and Java's coordinator connection, aiokafka's coordination
         group): after the identity moved on, a connection closed at an idle moment comes back to
         the same address, and this node would go on carrying the group's commits and heartbeats

@@ -131,10 +131,10 @@ class Listeners:
         self._lingering: list[asyncio.AbstractServer] = []  # a draining node's listeners, closing soon
         self.backlog = listen_backlog(registry.limits.listen_backlog, somaxconn())
 
-    def _factory(self, listener: int) -> Callable[[], ClientSide]:
+    def _factory(self, listener: int, *, stand_in: bool = False) -> Callable[[], ClientSide]:
         registry = self.registry
         tls = None if listener in self.plaintext else self.tls
-        return lambda: ClientSide(registry, listener, tls)
+        return lambda: ClientSide(registry, listener, tls, stand_in=stand_in)
 
     async def bind_bootstrap(self) -> None:
         if BOOTSTRAP not in self.own:
@@ -217,7 +217,8 @@ class Listeners:
                 assert isinstance(action, Bind)
                 try:
                     self._stand_ins[action.key] = await loop.create_server(
-                        self._factory(action.key[1]), action.host, action.port, reuse_address=True, reuse_port=True,
+                        self._factory(action.key[1], stand_in=True), action.host, action.port, reuse_address=True,
+                        reuse_port=True,
                         backlog=self.backlog)
                 except OSError as exc:
                     if self.takeover.bind_failed(action.key):  # log once per vacancy

@@ -21,7 +21,7 @@ from kio.schema.heartbeat.v4.request import HeartbeatRequest
 from kio.static.primitive import i32Timedelta
 
 from chaos.bench.frames import decode_response, make, request_frame
-from membership.serving import ServingMap
+from membership.serving import ServingMap, StandIn
 from proxy import drain as drain_core
 from proxy import registry as proxy_registry
 from proxy.config import parse, proxy_node
@@ -31,6 +31,7 @@ from proxy.drain import DrainState
 pytestmark = [pytest.mark.integration]
 
 HOST = "127.0.0.22"
+STAND_IN_HOST = "127.0.0.29"  # a vacant node's address this node stands in on
 LONG_POLL_MS = 1500
 
 
@@ -284,6 +285,14 @@ def test_group_request_for_an_identity_served_elsewhere_sends_the_client_to_look
                 out[f"plain_cid_{cid}"] = struct.unpack(">i", (await _read_frame(r, 10))[4:8])[0]
             w.close()
 
+            # On a stand-in (a vacant node's address) the client reached the right broker: served.
+            await node.listeners.stand_in([StandIn("p1", "p9", leader, STAND_IN_HOST, port)])
+            r, w = await asyncio.open_connection(STAND_IN_HOST, port)
+            w.write(heartbeat(7))
+            out["stand_in_cid"] = struct.unpack(">i", (await _read_frame(r, 10))[4:8])[0]
+            w.close()
+            await node.listeners.stand_in([])
+
             node.apply_map(ServingMap(epoch=3, owners={leader: "p1"}))
             r, w = await asyncio.open_connection(HOST, port)
             w.write(heartbeat(6))
@@ -297,4 +306,5 @@ def test_group_request_for_an_identity_served_elsewhere_sends_the_client_to_look
     assert r["owned_cid"] == 1, r
     assert r["elsewhere_api_versions_cid"] == 2 and r["elsewhere_closed"] and r["redirects"] == 1, r
     assert r["plain_cid_4"] == 4 and r["plain_cid_5"] == 5, r
+    assert r["stand_in_cid"] == 7, r
     assert r["back_cid"] == 6, r

@@ -155,7 +155,8 @@ class Liveness:
     hears us."""
 
     __slots__ = ("self_id", "peers", "suspect_timeout", "_heard", "_heard_view", "_refused", "_last", "_hears_us",
-                 "_contact", "_judged_at", "_changes", "_flags", "_hearing_memo", "_live_memo", "_expiry_memo")
+                 "_contact", "_judged_at", "_changes", "_flags", "_audible", "_hearing_memo", "_live_memo",
+                 "_expiry_memo")
 
     def __init__(self, self_id: str, peers: Iterable[str], suspect_timeout: float) -> None:
         self.self_id = self_id
@@ -172,11 +173,13 @@ class Liveness:
         self._judged_at = float("-inf")
         # The views below are asked several times per wake-up, and most wake-ups change nothing: each
         # is kept until an input changes (``_changes`` counts them; ``_flags`` counts the changes of
-        # what peers say about hearing us) or time makes it wrong, and a set recomputed equal to the
-        # one kept is returned as that same object (the member's own memos compare by identity).
-        # hearing: (computed at, changes, the set, the earliest arrival in it).
+        # what peers say about hearing us; ``_audible`` the inputs that may change whom we hear, see
+        # heard()) or time makes it wrong, and a set recomputed equal to the one kept is returned as
+        # that same object (the member's own memos compare by identity).
+        # hearing: (computed at, _audible, the set, the earliest arrival in it).
         self._changes = 0
         self._flags = 0
+        self._audible = 0
         self._hearing_memo: tuple[float, int, frozenset[str], float | None] | None = None
         self._live_memo: tuple[frozenset[str], int, frozenset[str]] | None = None
         self._expiry_memo: tuple[int, float, float] | None = None
@@ -184,6 +187,7 @@ class Liveness:
     def set_peers(self, peers: Iterable[str]) -> None:
         self._changes += 1
         self._flags += 1
+        self._audible += 1
         self.peers = frozenset(peers)
         for book in (self._heard, self._refused, self._last, self._hears_us):
             for gone in set(book) - self.peers:
@@ -203,7 +207,14 @@ class Liveness:
             return False
         self._last[peer] = (beat.incarnation, beat.seq)
         self._changes += 1
+        before = self._heard.get(peer)
         self._heard[peer] = now
+        kept = self._hearing_memo
+        # A peer in the kept hearing set heard again, no earlier than before: still heard wherever
+        # the kept set is used (its earliest arrival, kept, is no later than this one), and still
+        # after any refusal. Anything else may change the set.
+        if kept is None or before is None or now < before or peer not in kept[2]:
+            self._audible += 1
         if peer not in self._hears_us or self._hears_us[peer] != beat.hears_you:
             self._flags += 1
         self._hears_us[peer] = beat.hears_you
@@ -214,6 +225,7 @@ class Liveness:
     def refused(self, peer: str, now: float) -> None:
         if peer in self.peers:
             self._changes += 1
+            self._audible += 1
             self._refused[peer] = now
 
     # ---- view --------------------------------------------------------------------------------
@@ -233,19 +245,20 @@ class Liveness:
 
     def hearing(self, now: float) -> frozenset[str]:
         """The peers :meth:`hears` at ``now``. With no input changed since it was computed at
-        ``t0 <= now``, the set is the same as long as ``now - oldest <= suspect_timeout`` for the
-        earliest arrival ``oldest`` in it: a peer in it arrived no earlier, so it is still heard,
-        and one out of it was out for a reason that does not change or went stale before ``t0``
-        (``now - heard`` only grows with ``now``). Then the same object is returned."""
+        ``t0 <= now`` (but a peer in it heard again, :meth:`heard`), the set is the same as long as
+        ``now - oldest <= suspect_timeout`` for the earliest arrival ``oldest`` in it: a peer in it
+        arrived no earlier, so it is still heard, and one out of it was out for a reason that does
+        not change or went stale before ``t0`` (``now - heard`` only grows with ``now``). Then the
+        same object is returned."""
         memo = self._hearing_memo
-        if (memo is not None and memo[1] == self._changes and memo[0] <= now
+        if (memo is not None and memo[1] == self._audible and memo[0] <= now
                 and (memo[3] is None or now - memo[3] <= self.suspect_timeout)):
             return memo[2]
         heard = frozenset([p for p in self.peers if self.hears(p, now)])
         if memo is not None and heard == memo[2]:
             heard = memo[2]
         oldest = min([self._heard[p] for p in heard]) if heard else None
-        self._hearing_memo = (now, self._changes, heard, oldest)
+        self._hearing_memo = (now, self._audible, heard, oldest)
         return heard
 
     def speaks_v1(self, peer: str) -> bool:

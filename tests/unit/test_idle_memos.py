@@ -152,6 +152,20 @@ def test_hearing_is_kept_until_the_earliest_arrival_in_it_goes_stale():
     assert view.hearing(1.25) == {"b"}
 
 
+def test_hearing_is_kept_across_a_heard_peers_new_datagram_but_not_one_accounted_earlier():
+    view = Liveness("a", ["b", "c"], SUSPECT)
+    view.heard(Beat("b", INC, 1, True), 1.0)
+    view.heard(Beat("c", INC, 1, True), 1.0)
+    both = view.hearing(1.1)
+    view.heard(Beat("b", INC, 2, True), 1.2)
+    assert view.hearing(1.2) is both  # b was heard and still is: nothing to recompute
+    assert view.hearing(1.0 + SUSPECT + 0.01) == {"b"}  # c's expiry passes all the same
+    view.heard(Beat("c", INC, 2, True), 1.5)
+    assert view.hearing(1.5) == {"b", "c"}  # c heard again: back in the set
+    view.heard(Beat("b", INC, 3, True), 1.5 - SUSPECT)  # a caller's older time: b's arrival moves back
+    assert view.hearing(1.55) == {"c"}
+
+
 def test_a_recomputed_view_equal_to_the_kept_one_is_the_same_object():
     view = Liveness("a", ["b", "c"], SUSPECT)
     view.heard(Beat("b", INC, 1, True), 1.0)

@@ -243,6 +243,8 @@ class MemberCore:
         self._sane = False
         self._joined: tuple[FleetState, bool] | None = None  # joined(state), kept for that state object
         self._tracked: tuple[frozenset[ProxyId], tuple[ProxyId, ...]] | None = None  # _track_peers' last inputs
+        # (state, members, next_format's answer): the leader asks on every plan, of the same state.
+        self._format_target: tuple[FleetState, frozenset[ProxyId], int | None] | None = None
         # Stand-in duties follow the last view that was committed and not degraded.
         self._vacant: frozenset[ProxyId] = frozenset()
 
@@ -455,8 +457,11 @@ class MemberCore:
         self._plan_key, self._next_plan_at = key, now + PLAN_INTERVAL_S
         command = self._planner.next_command(state, live, now, self.local_brokers)
         if command is None:
-            target = next_format(state.format, state.format_map(), self._all_ids | state.member_ids())
-            command = None if target is None else SetFormat(target, state.epoch)
+            kept = self._format_target
+            if kept is None or kept[0] is not state or kept[1] is not self._all_ids:
+                target = next_format(state.format, state.format_map(), self._all_ids | state.member_ids())
+                kept = self._format_target = (state, self._all_ids, target)
+            command = None if kept[2] is None else SetFormat(kept[2], state.epoch)
         if command is None:
             return
         self._inflight, self._inflight_deadline = next(self._tokens), now + self.config.commit_timeout

@@ -394,3 +394,37 @@ def test_the_member_hands_the_core_each_change_of_raft_s_view():
     raft.leader = None
     member._tick()
     assert member._core.view.leader is None
+
+
+def test_the_leader_asks_for_the_format_of_each_new_state_and_members():
+    from membership.commands import MarkUp, SetFormat
+    from membership.control import SubmitPlan
+    from tests.unit.test_formats import BOTH, core, fleet
+
+    leader = core("a", BOTH)
+    partial = fleet(BOTH, BOTH)  # c (configured) has not joined: no upgrade yet
+    partial, _ = partial.apply(MarkUp({"a", "b"}, partial.epoch, {}))
+
+    def upgrade(now, state, live):
+        plans = [a for a in leader.tick(now, frozenset(live), True, RaftView("leader", "a", 1, state))
+                 if isinstance(a, SubmitPlan)]
+        for plan in plans:
+            leader.plan_done(plan.token, plan.command, None, "dropped", now)
+        return [p.command for p in plans if isinstance(p.command, SetFormat)]
+
+    assert upgrade(2.0, partial, "ab") == []
+    everyone = fleet(BOTH, BOTH, BOTH)
+    for _ in range(3):  # the planner's own commands first (mark up, assign), then the format
+        plans = [a for a in leader.tick(2.25, frozenset("abc"), True, RaftView("leader", "a", 1, everyone))
+                 if isinstance(a, SubmitPlan)]
+        assert plans
+        if isinstance(plans[0].command, SetFormat):
+            break
+        everyone, _ = everyone.apply(plans[0].command)
+        leader.plan_done(plans[0].token, plans[0].command, None, "dropped", 2.25)
+    assert plans[0].command == SetFormat(2, everyone.epoch)
+    # The same state object, but the members it must be asked of changed (c left the roster):
+    leader = core("a", BOTH)
+    assert upgrade(3.0, partial, "ab") == []
+    leader._all_ids = frozenset("ab")  # what adopting a roster of a and b does (_adopt_roster)
+    assert upgrade(3.5, partial, "ab") == [SetFormat(2, partial.epoch)]

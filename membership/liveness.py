@@ -86,7 +86,7 @@ def _pads(key: bytes) -> tuple[hashlib._Hash, hashlib._Hash]:
 
 def _mac(key: bytes, body: bytes) -> bytes:
     """HMAC-SHA256 of ``body``, truncated. The same bytes as ``hmac.digest(key, body, "sha256")``
-    (tests/unit/test_liveness.py checks it), from copies of the keyed hashes: OpenSSL's one-shot
+    (tests/unit/test_idle_memos.py checks it), from copies of the keyed hashes: OpenSSL's one-shot
     HMAC sets the key up again on every call, most of its cost (two MACs per datagram, every beat)."""
     inner, outer = _pads(key)
     h = inner.copy()

@@ -241,6 +241,10 @@ class MemberCore:
         self._map_key: tuple = ()
         self._sane_key: tuple = ()
         self._sane = False
+        self._joined: tuple[FleetState, bool] | None = None  # joined(state), kept for that state object
+        self._tracked: tuple[frozenset[ProxyId], tuple[ProxyId, ...]] | None = None  # _track_peers' last inputs
+        # (state, members, next_format's answer): the leader asks on every plan, of the same state.
+        self._format_target: tuple[FleetState, frozenset[ProxyId], int | None] | None = None
         # Stand-in duties follow the last view that was committed and not degraded.
         self._vacant: frozenset[ProxyId] = frozenset()
 
@@ -328,7 +332,10 @@ class MemberCore:
             out.append(_emit(now, "degraded" if degraded else "quorum_back"))
         if role != self.view.role or leader != self.view.leader:
             out.append(_emit(now, "role", role=role, leader=leader, term=raft.term))
-        self.view = MemberView(role, raft.term, leader, has_quorum, degraded)
+        view = self.view
+        if (view.role, view.term, view.leader, view.has_quorum, view.degraded) != (role, raft.term, leader,
+                                                                                     has_quorum, degraded):
+            self.view = MemberView(role, raft.term, leader, has_quorum, degraded)
 
         # In two-way contact with a majority, each heard within the campaign window: needed to ask
         # for votes and, as leader, to propose. "Live" alone is not enough: a host whose receive path
@@ -389,6 +396,13 @@ class MemberCore:
         out.append(NewRoster(tuple(m for m in roster if m.id != self.node_id)))
 
     def _track_peers(self, live: frozenset[ProxyId], now: float, out: list[Action]) -> None:
+        # The same live set (the heartbeat hands over the same object while it is unchanged) and
+        # the same peers as last time: every _peer_live entry already says what the loop would.
+        tracked = self._tracked
+        if (tracked is not None and tracked[0] is live and tracked[1] is self._peer_ids
+                and type(live) is frozenset):
+            return
+        self._tracked = (live, self._peer_ids)
         for p in self._peer_ids:
             is_live = p in live
             if self._peer_live.get(p) != is_live:
@@ -399,8 +413,13 @@ class MemberCore:
 
     def joined(self, state: FleetState) -> bool:
         """The committed state holds this node's record and the formats it reads."""
-        return (any(n == self._me for n in state.members)
-                and state.format_map().get(self.node_id) == self.formats)
+        memo = self._joined
+        if memo is not None and memo[0] is state:  # FleetState is immutable: asked on every tick
+            return memo[1]
+        joined = (any(n == self._me for n in state.members)
+                  and state.format_map().get(self.node_id) == self.formats)
+        self._joined = (state, joined)
+        return joined
 
     def _check_format(self, state: FleetState, now: float, out: list[Action]) -> None:
         reason = refusal(self.node_id, state.format, self.formats)
@@ -438,8 +457,11 @@ class MemberCore:
         self._plan_key, self._next_plan_at = key, now + PLAN_INTERVAL_S
         command = self._planner.next_command(state, live, now, self.local_brokers)
         if command is None:
-            target = next_format(state.format, state.format_map(), self._all_ids | state.member_ids())
-            command = None if target is None else SetFormat(target, state.epoch)
+            kept = self._format_target
+            if kept is None or kept[0] is not state or kept[1] is not self._all_ids:
+                target = next_format(state.format, state.format_map(), self._all_ids | state.member_ids())
+                kept = self._format_target = (state, self._all_ids, target)
+            command = None if kept[2] is None else SetFormat(kept[2], state.epoch)
         if command is None:
             return
         self._inflight, self._inflight_deadline = next(self._tokens), now + self.config.commit_timeout

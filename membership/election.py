@@ -151,7 +151,7 @@ class ElectionTimer:
     """One member's election decisions (see the module doc); :meth:`update` on every tick."""
 
     __slots__ = ("self_id", "overdue_s", "window_s", "beat_interval", "hold_s", "_key", "_since", "_fired",
-                 "_held", "_deferred", "_contact_at", "next_due")
+                 "_held", "_deferred", "_contact_at", "next_due", "_ordered")
 
     def __init__(self, self_id: ProxyId, overdue_s: float, window_s: float, beat_interval: float,
                  hold_s: float, now: float) -> None:
@@ -170,6 +170,8 @@ class ElectionTimer:
         self._contact_at = float("-inf")  # when a majority was in contact again after a deferral
         #: When :meth:`update` must run next for a silent leader (inf: nothing pending).
         self.next_due = float("inf")
+        # (live, leader, _order(live, leader)): the last order, kept while its inputs are the same.
+        self._ordered: tuple[frozenset[ProxyId], ProxyId | None, list[ProxyId]] | None = None
 
     def started(self, now: float) -> None:
         self._since = now
@@ -196,7 +198,7 @@ class ElectionTimer:
             if now < settled:  # the leader's first datagrams may still say it does not hear us
                 self.next_due = settled
                 return []
-            order = self._order(live, leader)
+            order = self._ordered_survivors(live, leader)
             return [HastenElection(order.index(self.self_id) * HASTEN_SPACING_S if self.self_id in order
                                    else len(order) * HASTEN_SPACING_S)]
         out: list[HastenElection | HoldElection | DeferElection] = []
@@ -215,10 +217,20 @@ class ElectionTimer:
     def _silence_due(self, live: frozenset[ProxyId], leader: ProxyId | None, beat: LeaderBeat) -> float:
         """When this follower asks for votes if nothing is heard from a leader until then."""
         proof = self._since if beat.claimed_at is None else max(self._since, beat.claimed_at)
-        order = self._order(live, leader)
+        order = self._ordered_survivors(live, leader)
         rank = order.index(self.self_id) if self.self_id in order else len(order)
         spacing = max(MIN_SPACING_S, min(HASTEN_SPACING_S, self.window_s / max(1, len(order) - 1)))
         return proof + self.beat_interval + self.overdue_s + rank * spacing
+
+    def _ordered_survivors(self, live: frozenset[ProxyId], leader: ProxyId | None) -> list[ProxyId]:
+        """:meth:`_order`, kept while ``live`` and ``leader`` stay the same (asked on every tick;
+        the caller only reads it)."""
+        kept = self._ordered
+        if kept is not None and kept[0] == live and kept[1] == leader:
+            return kept[2]
+        order = self._order(live, leader)
+        self._ordered = (live, leader, order)
+        return order
 
     @staticmethod
     def _order(live: frozenset[ProxyId], leader: ProxyId | None) -> list[ProxyId]:

@@ -203,8 +203,11 @@ class Heartbeat:
             self._next_send = (math.floor(now / self.interval) + 1) * self.interval
         self._told = told
         self._seq += 1
+        # One datagram per peer, but the same bytes for every peer with the same version and "hears
+        # you" flag (the rest is this beat's): encoded (and MACed) once per kind, not once per peer.
+        made: dict[tuple[int, bool | None], bytes] = {}
         for peer, s in self._send.items():
-            self._send_to(peer, s, self._datagram(peer, hearing), now)
+            self._send_to(peer, s, self._datagram(peer, hearing, made), now)
         if on_grid:
             self._gather(now)
 
@@ -220,15 +223,27 @@ class Heartbeat:
         self._send_to(peer, s, self._datagram(peer, self.view.hearing(now)), now)
         self.on_peer_event(peer)  # on loopback the refusal is often there already
 
-    def _datagram(self, peer: str, hearing: frozenset[str]) -> bytes:
+    def _datagram(self, peer: str, hearing: frozenset[str],
+                  made: dict[tuple[int, bool | None], bytes] | None = None) -> bytes:
+        """``peer``'s datagram of this beat (``_seq``, ``term``, ``leader_term``); ``made``: the
+        ones already encoded for this beat, by version and flag (read and filled in)."""
         if self.view.speaks_v1(peer):
-            return encode(self._key, self.self_id, self._incarnation, self._seq, None)
-        hears = peer in hearing
-        if peer in self._speaks_v2:
-            return encode(self._key, self.self_id, self._incarnation, self._seq, hears)
-        term = self.term if self.leader_term is None else self.leader_term
-        return encode(self._key, self.self_id, self._incarnation, self._seq, hears, term,
-                      leader=self.leader_term is not None)
+            kind: tuple[int, bool | None] = (1, None)
+        else:
+            kind = (2 if peer in self._speaks_v2 else 3, peer in hearing)
+        data = None if made is None else made.get(kind)
+        if data is None:
+            if kind[0] == 1:
+                data = encode(self._key, self.self_id, self._incarnation, self._seq, None)
+            elif kind[0] == 2:
+                data = encode(self._key, self.self_id, self._incarnation, self._seq, kind[1])
+            else:
+                term = self.term if self.leader_term is None else self.leader_term
+                data = encode(self._key, self.self_id, self._incarnation, self._seq, kind[1], term,
+                              leader=self.leader_term is not None)
+            if made is not None:
+                made[kind] = data
+        return data
 
     def _send_to(self, peer: str, s: socket.socket, data: bytes, now: float) -> None:
         try:
@@ -254,8 +269,10 @@ class Heartbeat:
         tick for it, most of an idle node's CPU. Waiting here costs no CPU."""
         grid = math.floor(now / self.interval) * self.interval
         until = grid + GATHER_S
+        arrived = self._arrived
         while self._gatherer is not None and now < until:
-            if not any(self._arrived.get(p, -math.inf) < grid and self.view.hears(p, now) for p in self.peers):
+            # hearing(now): the peers view.hears at now (kept between calls while nothing changed).
+            if not any(arrived.get(p, -math.inf) < grid for p in self.view.hearing(now)):
                 return
             if not self._gatherer.poll(1000 * (until - now)):
                 return
@@ -330,6 +347,10 @@ class Heartbeat:
         """``peer`` and this process have talked both ways at least once (it sent us a
         datagram saying it hears us)."""
         return self.view.has_contact(peer)
+
+    def heard_all(self) -> bool:
+        """:meth:`has_heard` every peer."""
+        return self.view.contact_with_all()
 
     def is_live(self, peer: str, now: float) -> bool:
         return self.view.is_live(peer, now)

@@ -27,6 +27,7 @@ to hear us.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import struct
@@ -66,9 +67,33 @@ class Beat:
     leader: bool = False
 
 
+_BLOCK = hashlib.sha256().block_size
+_IPAD = bytes(x ^ 0x36 for x in range(256))
+_OPAD = bytes(x ^ 0x5C for x in range(256))
+_V1 = struct.Struct("!QB")
+_V2 = struct.Struct("!QBB")
+_V3 = struct.Struct("!QBQB")
+
+
+@functools.lru_cache(maxsize=16)
+def _pads(key: bytes) -> tuple[hashlib._Hash, hashlib._Hash]:
+    """HMAC-SHA256's inner and outer hashes with the padded key already absorbed (RFC 2104)."""
+    if len(key) > _BLOCK:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(_BLOCK, b"\0")
+    return hashlib.sha256(key.translate(_IPAD)), hashlib.sha256(key.translate(_OPAD))
+
+
 def _mac(key: bytes, body: bytes) -> bytes:
-    # hmac.digest: OpenSSL's one-shot HMAC, no Python HMAC object (two per datagram, every beat).
-    return hmac.digest(key, body, "sha256")[:MAC_BYTES]
+    """HMAC-SHA256 of ``body``, truncated. The same bytes as ``hmac.digest(key, body, "sha256")``
+    (tests/unit/test_idle_memos.py checks it), from copies of the keyed hashes: OpenSSL's one-shot
+    HMAC sets the key up again on every call, most of its cost (two MACs per datagram, every beat)."""
+    inner, outer = _pads(key)
+    h = inner.copy()
+    h.update(body)
+    o = outer.copy()
+    o.update(h.digest())
+    return o.digest()[:MAC_BYTES]
 
 
 def encode(key: bytes, node_id: str, incarnation: bytes, seq: int, hears_you: bool | None = True,
@@ -77,45 +102,46 @@ def encode(key: bytes, node_id: str, incarnation: bytes, seq: int, hears_you: bo
     too (to a peer that speaks only that)."""
     nid = node_id.encode()
     if hears_you is None:
-        body = MAGIC_V1 + incarnation + struct.pack("!QB", seq, len(nid)) + nid
+        body = MAGIC_V1 + incarnation + _V1.pack(seq, len(nid)) + nid
     elif term is None:
-        body = MAGIC_V2 + incarnation + struct.pack("!QBB", seq, HEARS_YOU if hears_you else 0, len(nid)) + nid
+        body = MAGIC_V2 + incarnation + _V2.pack(seq, HEARS_YOU if hears_you else 0, len(nid)) + nid
     else:
         flags = (HEARS_YOU if hears_you else 0) | (LEADER if leader else 0)
-        body = MAGIC + incarnation + struct.pack("!QBQB", seq, flags, term, len(nid)) + nid
+        body = MAGIC + incarnation + _V3.pack(seq, flags, term, len(nid)) + nid
     return body + _mac(key, body)
 
 
 def decode(key: bytes, data: bytes) -> Beat | None:
     """The datagram's content, or None when malformed or not authentic."""
-    if len(data) > MAX_DATAGRAM or len(data) < _HEAD_V1 + MAC_BYTES:
+    size = len(data)
+    if size > MAX_DATAGRAM or size < _HEAD_V1 + MAC_BYTES:
         return None
-    body, mac = data[:-MAC_BYTES], data[-MAC_BYTES:]
-    if not hmac.compare_digest(mac, _mac(key, body)):
+    body = data[:-MAC_BYTES]
+    if not hmac.compare_digest(data[-MAC_BYTES:], _mac(key, body)):
         return None
-    incarnation = body[4 : 4 + _INCARNATION]
-    hears_you: bool | None
+    size -= MAC_BYTES
+    magic = body[:4]
     term: int | None = None
-    flags = 0
-    if body.startswith(MAGIC):
-        if len(body) < _HEAD:
+    hears_you: bool | None
+    if magic == MAGIC:
+        if size < _HEAD:
             return None
-        seq, flags, term, n = struct.unpack("!QBQB", body[4 + _INCARNATION : _HEAD])
+        seq, flags, term, n = _V3.unpack_from(body, 4 + _INCARNATION)
         head, hears_you = _HEAD, bool(flags & HEARS_YOU)
-    elif body.startswith(MAGIC_V2):
-        if len(body) < _HEAD_V2:
+    elif magic == MAGIC_V2:
+        if size < _HEAD_V2:
             return None
-        seq, flags, n = struct.unpack("!QBB", body[4 + _INCARNATION : _HEAD_V2])
+        seq, flags, n = _V2.unpack_from(body, 4 + _INCARNATION)
         head, hears_you, flags = _HEAD_V2, bool(flags & HEARS_YOU), 0
-    elif body.startswith(MAGIC_V1):
-        seq, n = struct.unpack("!QB", body[4 + _INCARNATION : _HEAD_V1])
-        head, hears_you = _HEAD_V1, None
+    elif magic == MAGIC_V1:
+        seq, n = _V1.unpack_from(body, 4 + _INCARNATION)
+        head, hears_you, flags = _HEAD_V1, None, 0
     else:
         return None
-    if len(body) != head + n:
+    if size != head + n:
         return None
     try:
-        return Beat(body[head:].decode(), incarnation, seq, hears_you, term, bool(flags & LEADER))
+        return Beat(body[head:].decode(), body[4 : 4 + _INCARNATION], seq, hears_you, term, bool(flags & LEADER))
     except UnicodeDecodeError:
         return None
 
@@ -129,7 +155,8 @@ class Liveness:
     hears us."""
 
     __slots__ = ("self_id", "peers", "suspect_timeout", "_heard", "_heard_view", "_refused", "_last", "_hears_us",
-                 "_contact", "_judged_at", "_changes", "_hearing_memo")
+                 "_contact", "_judged_at", "_changes", "_flags", "_audible", "_hearing_memo", "_live_memo",
+                 "_expiry_memo")
 
     def __init__(self, self_id: str, peers: Iterable[str], suspect_timeout: float) -> None:
         self.self_id = self_id
@@ -144,12 +171,23 @@ class Liveness:
         # The latest time :meth:`live` judged the peers at: a peer heard then stays a timer of
         # :meth:`next_expiry` until a later judgement sees it stale, even once its expiry is past.
         self._judged_at = float("-inf")
-        # hearing(now) is asked several times per tick with one ``now``: kept until an input changes.
+        # The views below are asked several times per wake-up, and most wake-ups change nothing: each
+        # is kept until an input changes (``_changes`` counts them; ``_flags`` counts the changes of
+        # what peers say about hearing us; ``_audible`` the inputs that may change whom we hear, see
+        # heard()) or time makes it wrong, and a set recomputed equal to the one kept is returned as
+        # that same object (the member's own memos compare by identity).
+        # hearing: (computed at, _audible, the set, the earliest arrival in it).
         self._changes = 0
-        self._hearing_memo: tuple[float, int, frozenset[str]] | None = None
+        self._flags = 0
+        self._audible = 0
+        self._hearing_memo: tuple[float, int, frozenset[str], float | None] | None = None
+        self._live_memo: tuple[frozenset[str], int, frozenset[str]] | None = None
+        self._expiry_memo: tuple[int, float, float] | None = None
 
     def set_peers(self, peers: Iterable[str]) -> None:
         self._changes += 1
+        self._flags += 1
+        self._audible += 1
         self.peers = frozenset(peers)
         for book in (self._heard, self._refused, self._last, self._hears_us):
             for gone in set(book) - self.peers:
@@ -169,7 +207,16 @@ class Liveness:
             return False
         self._last[peer] = (beat.incarnation, beat.seq)
         self._changes += 1
+        before = self._heard.get(peer)
         self._heard[peer] = now
+        kept = self._hearing_memo
+        # A peer in the kept hearing set heard again, no earlier than before: still heard wherever
+        # the kept set is used (its earliest arrival, kept, is no later than this one), and still
+        # after any refusal. Anything else may change the set.
+        if kept is None or before is None or now < before or peer not in kept[2]:
+            self._audible += 1
+        if peer not in self._hears_us or self._hears_us[peer] != beat.hears_you:
+            self._flags += 1
         self._hears_us[peer] = beat.hears_you
         if beat.hears_you is not False:
             self._contact.add(peer)
@@ -178,6 +225,7 @@ class Liveness:
     def refused(self, peer: str, now: float) -> None:
         if peer in self.peers:
             self._changes += 1
+            self._audible += 1
             self._refused[peer] = now
 
     # ---- view --------------------------------------------------------------------------------
@@ -196,11 +244,21 @@ class Liveness:
         return self._heard_view
 
     def hearing(self, now: float) -> frozenset[str]:
+        """The peers :meth:`hears` at ``now``. With no input changed since it was computed at
+        ``t0 <= now`` (but a peer in it heard again, :meth:`heard`), the set is the same as long as
+        ``now - oldest <= suspect_timeout`` for the earliest arrival ``oldest`` in it: a peer in it
+        arrived no earlier, so it is still heard, and one out of it was out for a reason that does
+        not change or went stale before ``t0`` (``now - heard`` only grows with ``now``). Then the
+        same object is returned."""
         memo = self._hearing_memo
-        if memo is not None and memo[0] == now and memo[1] == self._changes:
+        if (memo is not None and memo[1] == self._audible and memo[0] <= now
+                and (memo[3] is None or now - memo[3] <= self.suspect_timeout)):
             return memo[2]
-        heard = frozenset(p for p in self.peers if self.hears(p, now))
-        self._hearing_memo = (now, self._changes, heard)
+        heard = frozenset([p for p in self.peers if self.hears(p, now)])
+        if memo is not None and heard == memo[2]:
+            heard = memo[2]
+        oldest = min([self._heard[p] for p in heard]) if heard else None
+        self._hearing_memo = (now, self._audible, heard, oldest)
         return heard
 
     def speaks_v1(self, peer: str) -> bool:
@@ -220,7 +278,15 @@ class Liveness:
     def live(self, now: float) -> frozenset[str]:
         if now > self._judged_at:
             self._judged_at = now
-        return frozenset([self.self_id, *(p for p in self.hearing(now) if self._hears_us.get(p) is not False)])
+        hearing = self.hearing(now)
+        memo = self._live_memo
+        if memo is not None and memo[0] is hearing and memo[1] == self._flags:
+            return memo[2]
+        live = frozenset([self.self_id, *(p for p in hearing if self._hears_us.get(p) is not False)])
+        if memo is not None and live == memo[2]:
+            live = memo[2]
+        self._live_memo = (hearing, self._flags, live)
+        return live
 
     def isolated(self, now: float, together_s: float) -> bool:
         """This node hears none of its (two or more) peers, none refused since it last heard
@@ -245,8 +311,16 @@ class Liveness:
         again at once. (Judged only by ``now``, an expiry passing between the judgement and this
         call was dropped, and the peer's loss waited for the next beat (then 0.25 s).)"""
         judged = self._judged_at if self._judged_at > float("-inf") else now
-        due = [self._heard[p] + self.suspect_timeout for p in self.peers if self.hears(p, judged)]
-        return min(due, default=float("inf"))
+        memo = self._expiry_memo
+        if memo is not None and memo[0] == self._changes and memo[1] == judged:
+            return memo[2]
+        due = min([self._heard[p] + self.suspect_timeout for p in self.hearing(judged)], default=float("inf"))
+        self._expiry_memo = (self._changes, judged, due)
+        return due
+
+    def contact_with_all(self) -> bool:
+        """Every peer has sent us a datagram saying it hears us (:meth:`has_contact`)."""
+        return self.peers <= self._contact
 
     def peer_status(self, now: float) -> dict[str, dict[str, object]]:
         out: dict[str, dict[str, object]] = {}

@@ -87,6 +87,9 @@ class Member:
         self._wake = False  # a new snapshot or a new subscriber for the member thread
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=EVENT_HISTORY)
         self._registered = False  # tick thread only
+        # The last RaftView and LeaderBeat handed to the core, reused while their fields are the same.
+        self._raft_view = RaftView()
+        self._beat_memo: tuple[bool, object, int, LeaderBeat] | None = None
 
     # ---- lifecycle ---------------------------------------------------------------------------
 
@@ -438,8 +441,10 @@ class Member:
         # returned, or an expiry inside that window would be judged live and then dropped.
         now = self._clock()
         leader = self.node_id if role == "leader" else self._addr_to_id.get(raft.leader_address())
-        view = RaftView(role, leader, term, raft.state)
-        heard_all = all(hb.has_heard(p) for p in hb.peers)
+        view, state = self._raft_view, raft.state
+        if view.role != role or view.leader != leader or view.term != term or view.state is not state:
+            view = self._raft_view = RaftView(role, leader, term, state)
+        heard_all = hb.heard_all()
         live = hb.live(now)
         self._execute(raft, self._core.tick(now, live, heard_all, view, isolated=hb.isolated(now),
                                             leader_beat=self._leader_beat(hb, leader, term, live),
@@ -455,7 +460,13 @@ class Member:
             return NO_BEAT
         if leader is None:
             return claimed_by_a_peer((hb.leader_claim(p) for p in live if p != self.node_id), term)
-        return leader_beat(hb.speaks_leader_beat(leader), hb.leader_claim(leader), term)
+        beats, claim = hb.speaks_leader_beat(leader), hb.leader_claim(leader)
+        memo = self._beat_memo  # the claim is replaced, not changed, by each datagram: same object, same beat
+        if memo is not None and memo[0] == beats and memo[1] is claim and memo[2] == term:
+            return memo[3]
+        beat = leader_beat(beats, claim, term)
+        self._beat_memo = (beats, claim, term, beat)
+        return beat
 
     def _execute(self, raft: RaftReplica, actions: list[control.Action]) -> None:
         for action in actions:

@@ -48,6 +48,8 @@ from membership.commands import Command, MarkDown, MarkUp, Reassign, SetBrokers
 from membership.state import FleetState
 from topology import Broker, BrokerId, ProxyId, ProxyNode, assign, same_rack
 
+Table = dict[BrokerId, ProxyId]
+
 
 def _table(state: FleetState, previous: dict[BrokerId, ProxyId]) -> dict[BrokerId, ProxyId]:
     nodes = state.eligible_nodes()
@@ -105,6 +107,8 @@ class Planner:
         self.broker_grace = broker_grace
         self._live_since: dict[ProxyId, float] = {}
         self._reporting_since: float | None = None
+        # (state, _settling(state)): the leader asks on every tick, mostly of the same state object.
+        self._settled: tuple[FleetState, tuple[Table | None, Table | None, frozenset[ProxyId]]] | None = None
 
     def reset(self) -> None:
         """Forget the liveness and report history (call when leadership is lost)."""
@@ -161,18 +165,32 @@ class Planner:
             if command is not None:
                 return command
 
-        current = state.owner_map()
-        if state.problem(current) is not None:
-            return Reassign(state.epoch, state.repaired())
-
-        nodes = state.eligible_nodes()
-        if not nodes:
-            return None
-        target = settled_table(state.brokers, nodes, current)
-        if target == current:
+        kept = self._settled
+        if kept is None or kept[0] is not state:
+            kept = self._settled = (state, self._settling(state))
+        repaired, target, receivers = kept[1]
+        if repaired is not None:
+            return Reassign(state.epoch, repaired)
+        if target is None:
             return None
         # Every node that would receive an identity it does not hold has been live long enough.
-        receivers = {p for b, p in target.items() if current.get(b) != p}
         if all(self.live_for(p, now) >= self.rebalance_delay for p in receivers):
             return Reassign(state.epoch, target)
         return None
+
+    @staticmethod
+    def _settling(state: FleetState) -> tuple[Table | None, Table | None, frozenset[ProxyId]]:
+        """What the committed table needs, from ``state`` alone (FleetState is immutable, so
+        next_command keeps it for that state object; only the rebalance delay depends on time):
+        (the repaired table if it is invalid, the rebalanced table if it is not settled, and the
+        nodes that would receive an identity they do not hold)."""
+        current = state.owner_map()
+        if state.problem(current) is not None:
+            return state.repaired(), None, frozenset()
+        nodes = state.eligible_nodes()
+        if not nodes:
+            return None, None, frozenset()
+        target = settled_table(state.brokers, nodes, current)
+        if target == current:
+            return None, None, frozenset()
+        return None, target, frozenset(p for b, p in target.items() if current.get(b) != p)

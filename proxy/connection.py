@@ -232,14 +232,15 @@ class ClientSide(asyncio.BufferedProtocol):
 
     def _send_to_coordinator_lookup(self, pair: Pair) -> None:
         """A group-coordinator request on a connection made to this node's own address for an
-        identity the map gives to another node. Clients keep the coordinator's address from FindCoordinator, not
-        from Metadata (librdkafka's and Java's coordinator connection, aiokafka's coordination
-        group): after the identity moved on, a connection closed at an idle moment comes back to
-        the same address, and this node would go on carrying the group's commits and heartbeats
-        for an identity it does not serve, so a fault of this node would then stall every
-        consumer of the group. The request is not forwarded; the connection is closed with it
-        in flight, which clients treat as a dead coordinator: they look it up again at once
-        (FindCoordinator, answered with the owner's address) and send the request there."""
+        identity the map gives to another node. Clients keep the coordinator's address from
+        FindCoordinator, not from Metadata (librdkafka's and Java's coordinator connection,
+        aiokafka's coordination group): after the identity moved on, a connection closed at an
+        idle moment comes back to the same address, and this node would go on carrying the
+        group's commits and heartbeats for an identity it does not serve, so a fault of this node
+        would then stall every consumer of the group. The request is not forwarded; the
+        connection is closed with it in flight, which clients treat as a dead coordinator: they
+        look it up again at once (FindCoordinator, answered with the owner's address) and send
+        the request there."""
         self.registry.metrics.coordinator_redirects.inc()
         log.info("group request for an identity another node serves: closing, the client looks its coordinator up",
                  extra={"peer": pair.peer, "listener": pair.listener})

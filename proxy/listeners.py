@@ -217,9 +217,8 @@ class Listeners:
                 assert isinstance(action, Bind)
                 try:
                     self._stand_ins[action.key] = await loop.create_server(
-                        self._factory(action.key[1], stand_in=True), action.host, action.port, reuse_address=True,
-                        reuse_port=True,
-                        backlog=self.backlog)
+                        self._factory(action.key[1], stand_in=True), action.host, action.port,
+                        reuse_address=True, reuse_port=True, backlog=self.backlog)
                 except OSError as exc:
                     if self.takeover.bind_failed(action.key):  # log once per vacancy
                         log.warning("cannot stand in for a vacant node's address",

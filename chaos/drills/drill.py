@@ -468,8 +468,13 @@ class DrillRun:
         groups, timeout_s = self.consumer_groups, self.config.drain_timeout_s
         self.report("draining consumers")
         if not await self.wait_until(lambda: not any(self.tail.unread(groups).values()), timeout_s):
+            lagging = self.tail.unread_detail(groups)
+            last_errors = {c: self.tail.last_error[c]
+                           for c in (s.client_id for s in self.specs if s.group is not None)
+                           if c in self.tail.last_error}
             self.errors.append(f"drain: consumers still missing acked records after "
-                               f"{timeout_s:.0f} s: {self.tail.unread(groups)}")
+                               f"{timeout_s:.0f} s: {self.tail.unread(groups)}; missing: {lagging}; "
+                               f"consumers' last errors: {last_errors}")
         self.report("stopping consumers")
         if "consumer" in self.groups:
             await self.groups["consumer"].stop()

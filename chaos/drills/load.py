@@ -23,10 +23,27 @@ class DrillError(RuntimeError):
 
 
 class WorkloadExited(DrillError):
-    def __init__(self, client_id: str, returncode: int | None) -> None:
-        super().__init__(f"workload {client_id} exited unexpectedly with code {returncode}")
+    def __init__(self, client_id: str, returncode: int | None, last_lines: str = "") -> None:
+        said = f"; its log ends: {last_lines}" if last_lines else ""
+        super().__init__(f"workload {client_id} exited unexpectedly with code {returncode}{said}")
         self.client_id = client_id
         self.returncode = returncode
+
+
+LOG_TAIL_BYTES = 4096
+LOG_TAIL_LINES = 6
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` non-empty lines of a workload's log (an exit's reason), joined by " | "."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - LOG_TAIL_BYTES))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return " | ".join([line.strip() for line in text.splitlines() if line.strip()][-lines:])
 
 
 # ------------------------------------------------------------- client specs
@@ -82,7 +99,9 @@ class TraceTail:
         self.ok_count: dict[str, int] = defaultdict(int)
         self.errors: dict[str, int] = defaultdict(int)
         self.acked: set[tuple[str, int]] = set()
+        self.acked_partition: dict[tuple[str, int], int | None] = {}
         self.consumed: dict[str, set[tuple[str, int]]] = defaultdict(set)
+        self.last_error: dict[str, str] = {}
 
     def poll(self) -> int:
         n = 0
@@ -116,10 +135,12 @@ class TraceTail:
             self.ok_count[cid] += 1
             if ev == "ack":
                 self.acked.add((e["key"], e["seq"]))
+                self.acked_partition[(e["key"], e["seq"])] = e.get("partition")
             else:
                 self.consumed[e["group"] or f"client:{cid}"].add((e["key"], e["seq"]))
         elif ev == "error":
             self.errors[cid] += 1
+            self.last_error[cid] = str(e.get("detail"))
 
     def lagging(self, clients: list[str], since_ns: int) -> list[str]:
         """Clients without a success after ``since_ns``."""
@@ -128,6 +149,19 @@ class TraceTail:
     def unread(self, groups: list[str]) -> dict[str, int]:
         """Per group: acked records it has not read yet."""
         return {g: len(self.acked - self.consumed.get(g, set())) for g in groups}
+
+    def unread_detail(self, groups: list[str]) -> dict[str, dict[str, Any]]:
+        """Per group still missing records: how many per partition, and the first few keys."""
+        out: dict[str, dict[str, Any]] = {}
+        for g in groups:
+            missing = sorted(self.acked - self.consumed.get(g, set()))
+            if missing:
+                per_partition: dict[str, int] = defaultdict(int)
+                for m in missing:
+                    per_partition[str(self.acked_partition.get(m))] += 1
+                out[g] = {"missing": len(missing), "partitions": dict(sorted(per_partition.items())),
+                          "first": [k for k, _ in missing[:3]]}
+        return out
 
 
 # ----------------------------------------------------------------- workloads
@@ -172,7 +206,7 @@ class WorkloadGroup:
         finally:
             log.close()
         if not self.stopping:
-            raise WorkloadExited(cid, proc.returncode)
+            raise WorkloadExited(cid, proc.returncode, log_tail(self.log_dir / f"{cid}.log"))
 
     async def stop(self) -> None:
         self.stopping = True

@@ -117,3 +117,48 @@ def test_result_fails_when_unhealthy_or_the_trace_is_invalid(tmp_path, runs):
     assert run.result({"healthy": True}, trace_errors=["line 3: bad"])["passed"] is False
     run.errors.append("drain: consumers still missing acked records")
     assert run.result({"healthy": True}, trace_errors=[])["passed"] is False
+
+
+def test_an_unexpected_workload_exit_names_the_last_lines_of_its_log(tmp_path):
+    import sys
+
+    import trio
+
+    from chaos.drills.load import WorkloadExited
+
+    script = "import sys; print('starting'); print('Traceback: KafkaError: the reason'); sys.exit(3)"
+    group = WorkloadGroup("consumer", {"x-consumer": [sys.executable, "-c", script]}, tmp_path, stop_timeout_s=1.0)
+
+    async def main() -> None:
+        with trio.fail_after(30):
+            await group.run()
+
+    with pytest.raises(BaseException) as info:
+        trio.run(main)
+    exited = [e for e in getattr(info.value, "exceptions", [info.value]) if isinstance(e, WorkloadExited)]
+    assert len(exited) == 1, info.value
+    assert exited[0].returncode == 3 and exited[0].client_id == "x-consumer"
+    assert str(exited[0]).endswith("its log ends: starting | Traceback: KafkaError: the reason")
+
+
+def test_trace_tail_names_the_partitions_and_keys_a_group_still_misses(tmp_path):
+    from chaos.clients.paced import ConsumerTrace, ProducerTrace
+    from chaos.drills.load import TraceTail
+    from chaos.trace import TraceWriter
+
+    writer = TraceWriter(tmp_path, "t", "run-1")
+    producer = ProducerTrace(writer, "p", "aiokafka", "topic", prefix=1)
+    consumer = ConsumerTrace(writer, "c", "aiokafka", "topic", group="g")
+    for seq, partition in [(1, 0), (2, 1), (3, 1), (4, 2)]:
+        producer.ack(seq, partition, offset=seq)
+    consumer.consume(b"1.1", 0, 1)
+    consumer.consume(b"1.3", 1, 3)
+    consumer.error("fetch: NotLeaderForPartitionError")
+    writer.close()
+    tail = TraceTail(tmp_path)
+    tail.poll()
+    assert tail.unread(["g"]) == {"g": 2}
+    assert tail.unread_detail(["g", "other"]) == {
+        "g": {"missing": 2, "partitions": {"1": 1, "2": 1}, "first": ["1.2", "1.4"]},
+        "other": {"missing": 4, "partitions": {"0": 1, "1": 2, "2": 1}, "first": ["1.1", "1.2", "1.3"]}}
+    assert tail.last_error == {"c": "fetch: NotLeaderForPartitionError"}

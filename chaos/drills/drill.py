@@ -472,12 +472,29 @@ class DrillRun:
             last_errors = {c: self.tail.last_error[c]
                            for c in (s.client_id for s in self.specs if s.group is not None)
                            if c in self.tail.last_error}
+            fleet = await self.fleet_snapshot("drain-timeout-status.json")
             self.errors.append(f"drain: consumers still missing acked records after "
                                f"{timeout_s:.0f} s: {self.tail.unread(groups)}; missing: {lagging}; "
-                               f"consumers' last errors: {last_errors}")
+                               f"consumers' last errors: {last_errors}; fleet: {fleet}")
         self.report("stopping consumers")
         if "consumer" in self.groups:
             await self.groups["consumer"].stop()
+
+    async def fleet_snapshot(self, name: str) -> dict[str, Any] | None:
+        """Every node's /status into ``run_dir/name`` (a post-mortem of a stuck drill); returns
+        what says most in an error line: per node its map, role, quorum and stand-ins."""
+        fleet = self.target.fleet
+        if fleet is None:
+            return None
+        try:
+            statuses = await in_thread(fleet.statuses, timeout_s=30)
+        except Exception as exc:  # a post-mortem must not hide the error it explains
+            return {"error": f"{type(exc).__name__}: {exc}"}
+        raw = {node: None if st is None else st.to_json() for node, st in statuses.items()}
+        (self.run_dir / name).write_text(json.dumps(raw, indent=1, default=str))
+        keys = ("epoch", "committed_epoch", "assignment", "role", "has_quorum", "degraded", "draining",
+                "standing_in", "connections")
+        return {node: None if st is None else {k: st.get(k) for k in keys} for node, st in raw.items()}
 
     async def verify(self) -> None:
         """The final read of the topic into the trace; a read that fails is an error of the run."""

@@ -162,3 +162,24 @@ def test_trace_tail_names_the_partitions_and_keys_a_group_still_misses(tmp_path)
         "g": {"missing": 2, "partitions": {"1": 1, "2": 1}, "first": ["1.2", "1.4"]},
         "other": {"missing": 4, "partitions": {"0": 1, "1": 2, "2": 1}, "first": ["1.1", "1.2", "1.3"]}}
     assert tail.last_error == {"c": "fetch: NotLeaderForPartitionError"}
+
+
+def test_a_fleet_snapshot_keeps_every_status_and_names_each_nodes_map(tmp_path, runs):
+    import trio
+
+    from proxy.status import NodeStatus
+    from tests.unit.test_status import node_json
+
+    class Fleet:
+        def statuses(self) -> dict[str, NodeStatus | None]:
+            return {"p1": NodeStatus.from_json(node_json("p1", role="leader", term=3, epoch=7,
+                                                         assignment={"1": "p2"})),
+                    "p2": None}
+
+    run = _run(tmp_path, Clock(), [], runs)
+    run.target = Target(["127.0.0.1:1"], fleet=Fleet())
+    snap = trio.run(run.fleet_snapshot, "stuck.json")
+    assert snap["p2"] is None
+    assert snap["p1"]["epoch"] == 7 and snap["p1"]["assignment"] == {"1": "p2"} and snap["p1"]["role"] == "leader"
+    saved = json.loads((run.run_dir / "stuck.json").read_text())
+    assert saved["p2"] is None and saved["p1"]["node"] == "p1" and "peers" in saved["p1"]

@@ -80,12 +80,13 @@ class DataPathStatus:
     connections: int
     draining: bool
     brokers: tuple[BrokerRow, ...]
+    floating: dict[str, object] | None = None  # FloatingAddresses.status(); None: no address mover
 
     def to_json(self) -> dict[str, object]:
         return {"node": self.node, "bootstrap": self.bootstrap, "listeners": list(self.listeners),
                 "unbound": list(self.unbound), "standing_in": list(self.standing_in),
                 "connections": self.connections, "draining": self.draining,
-                "brokers": [b.to_json() for b in self.brokers]}
+                "brokers": [b.to_json() for b in self.brokers], "floating": self.floating}
 
 
 class DataPath:
@@ -532,6 +533,7 @@ class DataPath:
             brokers=tuple(BrokerRow(b.node_id, b.host, b.port, b.rack,
                                        "%s:%d" % a if (a := address_of(b.node_id)) else None)
                           for b in sorted(self.brokers.values())),
+            floating=None if self.floating is None else self.floating.status(),
         )
 
 

@@ -150,6 +150,8 @@ class NodeStatus:
     # ---- a node running data-path worker processes only: epoch/assignment above are then
     # the newest map every ready worker acknowledged
     workers: tuple[WorkerRow, ...] = ()
+    # ---- a node with floating addresses only (proxy.addresses): held (node -> address), fenced
+    floating: dict[str, Any] | None = None
 
     @property
     def in_fleet(self) -> bool:
@@ -194,7 +196,7 @@ def node_status(datapath: DataPathStatus, serving: ServingMap, member: MemberSta
         listeners=datapath.listeners, unbound=datapath.unbound, standing_in=datapath.standing_in,
         connections=datapath.connections, draining=datapath.draining, brokers=datapath.brokers,
         epoch=serving.epoch, assignment={str(b): p for b, p in serving.owners}, admin_endpoints=admin_endpoints,
-        workers=workers)
+        workers=workers, floating=datapath.floating)
     if member is None:
         return NodeStatus(role="standalone", term=0, leader=datapath.node, has_quorum=True, **common)
     m = member.to_json()  # the member's own wire form: one definition of its fields

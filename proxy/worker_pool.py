@@ -116,7 +116,8 @@ class RestartPolicy:
 def merge_datapath_status(parts: Sequence[DataPathStatus]) -> DataPathStatus:
     """The node's data path from its workers': connections summed; an identity is
     bound when every worker has it, unbound when any worker lacks it; draining
-    when any worker drains; brokers from the worker that knows most."""
+    when any worker drains; brokers from the worker that knows most; the floating
+    addresses' view from the first worker that has one."""
     if not parts:
         raise ValueError("no worker status to merge")
     first = parts[0]
@@ -126,7 +127,8 @@ def merge_datapath_status(parts: Sequence[DataPathStatus]) -> DataPathStatus:
         unbound=tuple(sorted(set().union(*(p.unbound for p in parts)))),
         standing_in=tuple(sorted(set().union(*(p.standing_in for p in parts)))),
         connections=sum(p.connections for p in parts), draining=any(p.draining for p in parts),
-        brokers=max((p.brokers for p in parts), key=len))
+        brokers=max((p.brokers for p in parts), key=len),
+        floating=next((p.floating for p in parts if p.floating is not None), None))
 
 
 def merge_metric_families(workers: Iterable[Iterable[Metric]]) -> list[Metric]:

@@ -493,7 +493,7 @@ class DrillRun:
         raw = {node: None if st is None else st.to_json() for node, st in statuses.items()}
         (self.run_dir / name).write_text(json.dumps(raw, indent=1, default=str))
         keys = ("epoch", "committed_epoch", "assignment", "role", "has_quorum", "degraded", "draining",
-                "standing_in", "connections")
+                "standing_in", "floating", "connections")
         return {node: None if st is None else {k: st.get(k) for k in keys} for node, st in raw.items()}
 
     async def verify(self) -> None:

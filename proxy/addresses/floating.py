@@ -119,6 +119,12 @@ class FloatingAddresses:
                     self._to_tickle.append(action)
             return self.held
 
+    def status(self) -> dict[str, object]:
+        """For ``/status``: the floating addresses this host holds (by the node they belong to),
+        whether it is fenced, and how many tickle ACKs it has sent."""
+        return {"held": dict(sorted(self.reconciler.held.items())), "fenced": self.fence.fenced,
+                "tickles_sent": self.tickles_sent}
+
     def tickle_taken(self) -> None:
         """Send the tickle ACKs of the addresses :meth:`sync` took, once the data path listens
         on their ports: a client reset earlier reconnected into "connection refused" (a stand-in

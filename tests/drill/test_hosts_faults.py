@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 
 import pytest
 
@@ -47,11 +48,27 @@ def hosts_fleet(tmp_path_factory):
         assert fleet.hosts is None or HostNet(fleet.hosts).leftovers() == []
 
 
+def _each_node_holds_only_its_own_address(fleet, timeout_s: float) -> None:
+    """Every node's /status: its floating addresses are its own only, and it is not fenced
+    (the state after every heal and handback)."""
+    expected = {n: {"held": {n: fleet.nodes[n].bootstrap_host}, "fenced": False} for n in fleet.node_ids}
+    deadline = time.monotonic() + timeout_s
+    while True:
+        seen = {n: None if st is None or st.floating is None else
+                {"held": st.floating["held"], "fenced": st.floating["fenced"]}
+                for n, st in fleet.statuses().items()}
+        if seen == expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)  # a poll period, bounded by the deadline
+    assert seen == expected
+
+
 @pytest.mark.parametrize("fault", ["kill", "freeze", "partition", "partition-one-way", "flap", "partition-two"])
 def test_host_fault(hosts_fleet, tmp_path, fault):
     if fault == "partition-one-way" and shutil.which("nft") is None:
         pytest.skip("partition-one-way drops packets with nftables: the nft command is not installed")
     hosts_fleet.wait_healthy(60)
+    _each_node_holds_only_its_own_address(hosts_fleet, 30.0)
     two_node = fault == "partition-two"
     bound_ms = TWO_NODE_BOUND_MS if two_node else RTO_BOUND_MS
     seed = 1300 + ["kill", "freeze", "partition", "partition-one-way", "flap", "partition-two"].index(fault)

@@ -279,10 +279,14 @@ def test_shell_takes_own_and_a_down_nodes_address_and_gives_them_back_when_fence
     m = fleet_map({1: "p1", 2: "p1", 3: "p1"}, vacant={"p2", "p3"})
 
     async def run() -> None:
+        assert shell.status() == {"held": {}, "fenced": False, "tickles_sent": 0}
         assert await shell.sync(m, draining=False) == {"p1", "p2", "p3"}
+        assert shell.status() == {"held": {"p1": "198.18.0.11", "p2": "198.18.0.12", "p3": "198.18.0.13"},
+                                  "fenced": False, "tickles_sent": 0}
         now[0] = 2.0
         assert shell.fence.tick(now[0], m.epoch) is True
         assert await shell.sync(m, draining=False) == frozenset()
+        assert shell.status() == {"held": {}, "fenced": True, "tickles_sent": 0}
 
     asyncio.run(run())
     assert mover.calls == ["take 198.18.0.11/24", "take 198.18.0.12/24", "take 198.18.0.13/24",

@@ -38,6 +38,10 @@ def test_round_trip_keeps_every_field():
     assert back["assignment"] == {"1": "p1", "2": "p2", "3": "p1"}  # sorted by broker id
     assert back["draining"] is False and back["draining_nodes"] == ["p2"]
     assert NodeStatus.from_json(back) == s
+    assert s.floating is None and back["floating"] is None
+    floating = {"held": {"p1": "198.18.0.11", "p3": "198.18.0.13"}, "fenced": False, "tickles_sent": 4}
+    with_floating = NodeStatus.from_json({**d, "floating": floating})
+    assert with_floating.floating == floating and NodeStatus.from_json(with_floating.to_json()) == with_floating
 
 
 def test_a_node_without_a_fleet():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pickle
 
+import attrs
 import pytest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -145,6 +146,10 @@ def test_node_status_adds_connections_and_is_unbound_where_any_worker_is():
     assert merged.listeners == (1, 2)
     assert merged.unbound == (3,)
     assert merged.draining
+    assert merged.floating is None
+    held = {"held": {"p1": "198.18.0.11"}, "fenced": False, "tickles_sent": 2}
+    with_floating = attrs.evolve(_dp([1]), floating=held)
+    assert merge_datapath_status([_dp([1]), with_floating]).floating == held
 
 
 def test_metrics_of_workers_add_up_to_the_node_totals():

@@ -96,3 +96,4 @@ def test_host_fault(hosts_fleet, tmp_path, fault):
     if fault in MOVES_ADDRESS:  # detected: a survivor took the victim's address
         assert result["steps"][0].get("address_moved_ms") is not None, context
     assert result["passed"] is True, context
+    _each_node_holds_only_its_own_address(hosts_fleet, 30.0)  # after the heal and the handback

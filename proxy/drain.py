@@ -46,6 +46,16 @@ DRAIN_NEW_CONNECTION_S = 0.1
 # coordinator-query interval (measured: 0.9-1 s without deliveries). Moved
 # last, the lookup goes out after the client has followed the new map.
 DRAIN_COORDINATOR_DELAY_S = 0.2
+# A client sent to look its coordinator up (proxy.connection: a group request on a node's own
+# address for an identity another node serves) may come back to this node for the same identity
+# this many times per window and source host; past that the fleet's maps disagree (whoever
+# answers its FindCoordinator names this address again) and its group requests are forwarded
+# here: a loop of lookups would keep the group from its coordinator, serving it here is only
+# not where the map says.
+REDIRECTS_PER_WINDOW = 10
+REDIRECT_WINDOW_S = 10.0
+# Sources remembered at most (a storm of clients from as many hosts): older windows are dropped.
+REDIRECT_SOURCES_KEPT = 4096
 # OffsetCommit, OffsetFetch, JoinGroup, Heartbeat, LeaveGroup, SyncGroup,
 # TxnOffsetCommit, ConsumerGroupHeartbeat, ShareGroupHeartbeat.
 GROUP_API_KEYS = frozenset({8, 9, 11, 12, 13, 14, 28, 68, 76})
@@ -283,3 +293,27 @@ class NodeDrain:
     def still_to_move(self, listener_owned_here: bool) -> bool:
         """A put-off drain is due: does the connection still have to go?"""
         return self.draining or not listener_owned_here
+
+
+class RedirectBudget:
+    """How many coordinator redirects each (source host, identity) may still get in its window."""
+
+    __slots__ = ("limit", "window_s", "_spent")
+
+    def __init__(self, limit: int = REDIRECTS_PER_WINDOW, window_s: float = REDIRECT_WINDOW_S) -> None:
+        self.limit = limit
+        self.window_s = window_s
+        self._spent: dict[tuple[str, int], tuple[float, int]] = {}  # window start, redirects in it
+
+    def allow(self, source: str, listener: int, now: float) -> bool:
+        """Spend one redirect of ``source``'s budget for ``listener``; False when none is left."""
+        key = (source, listener)
+        start, spent = self._spent.get(key, (now, 0))
+        if now - start >= self.window_s:
+            start, spent = now, 0
+        if spent >= self.limit:
+            return False
+        if key not in self._spent and len(self._spent) >= REDIRECT_SOURCES_KEPT:
+            self._spent = {k: v for k, v in self._spent.items() if now - v[0] < self.window_s}
+        self._spent[key] = (start, spent + 1)
+        return True

@@ -59,6 +59,11 @@ class ProxyMetrics:
             "Client connections closed at their first group-coordinator request because another node serves that "
             "broker identity (the client had the address from an older map): the client looks its coordinator up "
             "again", labels, registry=self.registry).labels(node_id)
+        self.coordinator_redirects_declined = Counter(
+            "kproxy_coordinator_redirects_declined",
+            "Group-coordinator requests forwarded although another node serves that broker identity: the "
+            "client's host had come back too often (proxy.drain.RedirectBudget; the fleet's maps may disagree)",
+            labels, registry=self.registry).labels(node_id)
         self.active = self.connections_active.labels(node_id)
         # Hot path: plain ints and a dict, exported by _HotCollector.
         self.created = time.time()

@@ -33,6 +33,7 @@ from proxy.drain import (
     NodeDrain,
     Observation,
     PauseReading,
+    RedirectBudget,
     ScheduleTimer,
 )
 from proxy.errors import UnknownBroker
@@ -96,6 +97,7 @@ class ConnectionRegistry:
         self.unstall: Callable[[Pair, UnknownBroker], Awaitable[None]] | None = None
         self.owned_here: Callable[[int], bool] = lambda listener: True
         self.served_elsewhere: Callable[[int], bool] = lambda listener: False
+        self.redirects = RedirectBudget()
         # Called at every accept and close (the client list's version, proxy.addresses.peers).
         self.on_change: Callable[[], None] | None = None
 
@@ -120,6 +122,18 @@ class ConnectionRegistry:
             log.warning("refusing new client connections", extra={
                 "source": source, "limit_name": f"limits.{refusal.reason.value}", "limit": limit,
                 "refused": refusal.refused_since_log, "connections": len(self.pairs)})
+        return False
+
+    def redirect_allowed(self, pair: Pair) -> bool:
+        """May ``pair``'s client be sent to look its coordinator up (proxy.connection)? Not once
+        its host spent its budget for the identity (proxy.drain.RedirectBudget): logged, and its
+        group requests are forwarded here."""
+        source = pair.peer.rsplit(":", 1)[0]
+        if self.redirects.allow(source, pair.listener, self._clock()):
+            return True
+        self.metrics.coordinator_redirects_declined.inc()
+        log.warning("a client keeps coming back for an identity another node serves: forwarding its group "
+                    "requests here (the fleet's maps may disagree)", extra={"peer": pair.peer, "listener": pair.listener})
         return False
 
     def accept(self, pair: Pair) -> None:

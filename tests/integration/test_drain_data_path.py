@@ -26,7 +26,7 @@ from proxy import drain as drain_core
 from proxy import registry as proxy_registry
 from proxy.config import parse, proxy_node
 from proxy.datapath import DataPath
-from proxy.drain import DrainState
+from proxy.drain import DrainState, RedirectBudget
 
 pytestmark = [pytest.mark.integration]
 
@@ -269,6 +269,7 @@ def test_group_request_for_an_identity_served_elsewhere_sends_the_client_to_look
             w.close()
 
             node.apply_map(ServingMap(epoch=2, owners={leader: "p2"}))
+            node.registry.redirects = RedirectBudget(limit=1)  # one lookup per host and identity
             redirects0 = node.metrics.coordinator_redirects._value.get()
             # Made after the identity moved on: ApiVersions is served, the heartbeat closes it.
             r, w = await asyncio.open_connection(HOST, port)
@@ -278,6 +279,15 @@ def test_group_request_for_an_identity_served_elsewhere_sends_the_client_to_look
             out["elsewhere_closed"] = await _eof_within(r, 5)
             out["redirects"] = node.metrics.coordinator_redirects._value.get() - redirects0
             w.close()
+            # The same host back again at once, its budget spent by the redirect above: a loop
+            # of lookups is not made, the heartbeat is forwarded and answered.
+            declined0 = node.metrics.coordinator_redirects_declined._value.get()
+            r, w = await asyncio.open_connection(HOST, port)
+            w.write(heartbeat(8))
+            out["looping_cid"] = struct.unpack(">i", (await _read_frame(r, 10))[4:8])[0]
+            out["declined"] = node.metrics.coordinator_redirects_declined._value.get() - declined0
+            w.close()
+            node.registry.redirects = RedirectBudget()
             # Without a group request such a connection is served on.
             r, w = await asyncio.open_connection(HOST, port)
             for cid in (4, 5):
@@ -305,6 +315,7 @@ def test_group_request_for_an_identity_served_elsewhere_sends_the_client_to_look
     r = uvloop.run(scenario())
     assert r["owned_cid"] == 1, r
     assert r["elsewhere_api_versions_cid"] == 2 and r["elsewhere_closed"] and r["redirects"] == 1, r
+    assert r["looping_cid"] == 8 and r["declined"] == 1, r
     assert r["plain_cid_4"] == 4 and r["plain_cid_5"] == 5, r
     assert r["stand_in_cid"] == 7, r
     assert r["back_cid"] == 6, r

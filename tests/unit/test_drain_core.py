@@ -258,3 +258,30 @@ def test_a_failed_bind_is_reported_once_per_vacancy_and_retried() -> None:
     r.plan(())  # the vacancy ended
     r.plan(wanted)
     assert r.bind_failed(key) is True  # a new vacancy logs again
+
+
+# ------------------------------------------------------- coordinator redirects
+def test_a_redirect_budget_is_per_host_and_identity_and_refills_after_its_window() -> None:
+    from proxy.drain import RedirectBudget
+
+    budget = RedirectBudget(limit=2, window_s=10.0)
+    assert [budget.allow("10.0.0.1", 1, t) for t in (0.0, 1.0, 2.0)] == [True, True, False]
+    assert budget.allow("10.0.0.1", 2, 2.0) is True  # another identity: its own budget
+    assert budget.allow("10.0.0.2", 1, 2.0) is True  # another host: its own budget
+    assert budget.allow("10.0.0.1", 1, 9.9) is False  # the window opened at 0.0 still runs
+    assert budget.allow("10.0.0.1", 1, 10.0) is True  # a new window
+    assert budget.allow("10.0.0.1", 1, 10.5) is True and budget.allow("10.0.0.1", 1, 11.0) is False
+
+
+def test_a_redirect_budget_forgets_expired_hosts_when_it_holds_too_many(monkeypatch) -> None:
+    from proxy import drain
+
+    monkeypatch.setattr(drain, "REDIRECT_SOURCES_KEPT", 3)
+    budget = drain.RedirectBudget(limit=1, window_s=10.0)
+    for i in range(3):
+        assert budget.allow(f"10.0.0.{i}", 1, 0.0)
+    assert budget.allow("10.0.0.9", 1, 5.0)  # full, none expired: kept anyway (4)
+    assert len(budget._spent) == 4
+    assert budget.allow("10.0.0.10", 1, 12.0)  # the three of t=0 expired: dropped
+    assert sorted(budget._spent) == [("10.0.0.10", 1), ("10.0.0.9", 1)]
+    assert budget.allow("10.0.0.9", 1, 12.0) is False  # its window (from 5.0) still runs, spent

@@ -117,8 +117,17 @@ def consume_paced(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> None:
         # Subscribe once the topic's partitions are known. kafka-python (3.0) that joins
         # its group while its metadata lacks a just-created topic gets no partitions
         # ("No partition metadata for topic") and was seen never to rebalance after.
+        # The lookup blocks on a metadata request and raises what fails it (a connection reset by
+        # a fault): retried like poll's retriable errors, within the same deadline.
         deadline = time.monotonic() + TOPIC_WAIT_S
-        while not consumer.partitions_for_topic(a.topic) and not stop.requested():
+        while not stop.requested():
+            try:
+                if consumer.partitions_for_topic(a.topic):
+                    break
+            except errors.KafkaError as exc:
+                if not exc.retriable:
+                    raise
+                t.error(f"partitions_for_topic: {type(exc).__name__}: {exc}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"topic {a.topic} has no partitions after {TOPIC_WAIT_S:.0f} s")
             time.sleep(0.1)

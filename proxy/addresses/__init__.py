@@ -9,10 +9,10 @@ that the vacant host's clients meet a live kernel (RST for old connections, a li
 ones). Moving it is the job of an *address mover*, chosen in the config (``[addresses]``):
 
 ``none``     today's loopback stand-ins: nothing moves (the default).
-``netns``    the test bed's emulated hosts (``kproxy fleet up --hosts netns``): ``ip addr`` on the
+``netns``    the test bed's emulated hosts (``kproxy fleet up --hosts netns``): netlink on the
              namespace's ``eth0`` plus a gratuitous ARP; only addresses of the test range
              198.18.0.0/24.
-``linux``    the same on a real L2 host: ``ip addr add/del`` on ``interface`` and a gratuitous
+``linux``    the same on a real L2 host: netlink (``ip addr replace/del``) on ``interface``, a gratuitous
              ARP (``arping -U`` from iputils, or a raw ARP frame), for addresses of ``networks``.
 ``command``  an operator's script (a cloud call that moves a secondary IP, a keepalived hook):
              ``COMMAND take|release ADDRESS/PREFIX NODE``, with the same values in the

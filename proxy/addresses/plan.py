@@ -1,8 +1,10 @@
 """What taking or releasing a floating address means for each mover, as data (pure).
 
-``take_steps``/``release_steps`` give the steps a mover's shell runs in order: ``RunCommand``
-(an argv, extra environment, the exit codes that count as done) and ``SendArp`` (gratuitous ARP
-frames out of an interface, built by ``gratuitous_arp_frame``). ``check_owned`` is the refusal:
+``take_steps``/``release_steps`` give the steps a mover's shell runs in order: ``SetAddress``
+(add or remove an address on a link, by netlink: what ``ip addr replace``/``ip addr del`` do,
+without a process per step), ``RunCommand`` (an argv, extra environment, the exit codes that
+count as done) and ``SendArp`` (gratuitous ARP frames out of an interface, built by
+``gratuitous_arp_frame``). ``check_owned`` is the refusal:
 an address outside the configured networks, or (``netns``, ``linux``) not on the network of
 an address the interface holds, or the interface's own primary address, is never touched.
 """
@@ -18,9 +20,6 @@ import attrs
 from proxy.addresses.config import ARPING, COMMAND, LINUX, NETNS, NONE, RAW, MoverConfig
 
 TAKE, RELEASE = "take", "release"
-# `ip addr del` of an address the link does not hold exits 2 ("Cannot assign requested
-# address"): releasing what is already gone is done, not an error.
-IP_ALREADY = 2
 ETH_BROADCAST = b"\xff" * 6
 ETH_P_ARP = 0x0806
 ETH_P_IP = 0x0800
@@ -70,13 +69,24 @@ class RunCommand:
 
 
 @attrs.frozen
+class SetAddress:
+    """Hold (``present``) or stop holding ``ip/prefix_len`` on ``interface``: an add that finds
+    the address there, and a removal that finds it gone, are done, not errors."""
+
+    interface: str
+    ip: ipaddress.IPv4Address
+    prefix_len: int
+    present: bool
+
+
+@attrs.frozen
 class SendArp:
     interface: str
     ip: ipaddress.IPv4Address
     count: int
 
 
-Step = RunCommand | SendArp
+Step = SetAddress | RunCommand | SendArp
 
 
 def on_link(ip: ipaddress.IPv4Address, held: Iterable[LinkAddress]) -> bool:
@@ -131,8 +141,7 @@ def take_steps(config: MoverConfig, address: FloatingAddress) -> list[Step]:
     if config.kind == COMMAND:
         return [_script(config, TAKE, address)]
     assert config.interface is not None
-    # `replace`, not `add`: taking an address this host already holds is done, not an error.
-    return [RunCommand(("ip", "addr", "replace", address.cidr, "dev", config.interface)),
+    return [SetAddress(config.interface, address.ip, address.prefix_len, present=True),
             *announce_steps(config, address)]
 
 
@@ -156,7 +165,7 @@ def release_steps(config: MoverConfig, address: FloatingAddress) -> list[Step]:
     if config.kind == COMMAND:
         return [_script(config, RELEASE, address)]
     assert config.interface is not None
-    return [RunCommand(("ip", "addr", "del", address.cidr, "dev", config.interface), ok_codes=(0, IP_ALREADY))]
+    return [SetAddress(config.interface, address.ip, address.prefix_len, present=False)]
 
 
 def _script(config: MoverConfig, action: str, address: FloatingAddress) -> RunCommand:

@@ -105,6 +105,18 @@ from proxy.addresses.movers import build_mover
 from proxy.addresses.plan import FloatingAddress
 build_mover(parse_mover_config({"mover": "netns"})).take(FloatingAddress.parse(sys.argv[1], "p1"))
 """
+# Release twice (the second finds it gone: done), then what the link holds, by netlink.
+RELEASE_TWICE = """
+import sys
+from proxy.addresses.config import parse_mover_config
+from proxy.addresses.movers import build_mover, read_link_addresses
+from proxy.addresses.plan import FloatingAddress
+mover = build_mover(parse_mover_config({"mover": "netns"}))
+before = sorted(str(a.ip) + ("/secondary" if a.secondary else "") for a in read_link_addresses("eth0"))
+for _ in range(2):
+    mover.release(FloatingAddress.parse(sys.argv[1], "p1"))
+print(" ".join(before), "|", " ".join(sorted(str(a.ip) for a in read_link_addresses("eth0"))))
+"""
 
 
 def _answer(net_prefix: tuple[str, ...], listen_on: str, name: str, ask: str, client: tuple[str, ...]) -> str:
@@ -142,6 +154,12 @@ def test_netns_mover_moves_a_dead_hosts_address_to_a_survivor(tmp_path):
                               timeout=30)
         assert take.returncode == 0, take.stderr[-2000:]
         assert _answer(p2, "198.18.0.11", "p2", "198.18.0.11", clients) == "p2"
+        gone = subprocess.run([*p2, sys.executable, "-c", RELEASE_TWICE, "198.18.0.11/24"], capture_output=True,
+                              text=True, timeout=30)
+        assert gone.returncode == 0, gone.stderr[-2000:]
+        held_before, held_after = (part.split() for part in gone.stdout.strip().split("|"))
+        assert "198.18.0.11/secondary" in held_before and "198.18.0.11" not in held_after, gone.stdout
+        assert held_after and all(a in [h.split("/")[0] for h in held_before] for a in held_after), gone.stdout
     finally:
         left = net.remove()
     assert left == []

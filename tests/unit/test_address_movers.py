@@ -10,7 +10,7 @@ import pytest
 
 from proxy.addresses.config import MoverConfig, MoverConfigError, parse_mover_config
 from proxy.addresses.movers import AddressMover, MoverError
-from proxy.addresses.plan import (AddressRefused, FloatingAddress, LinkAddress, RunCommand, SendArp,
+from proxy.addresses.plan import (AddressRefused, FloatingAddress, LinkAddress, RunCommand, SendArp, SetAddress,
                                   announce_steps, gratuitous_arp_frame, parse_mac, release_steps, take_steps)
 
 pytestmark = pytest.mark.unit
@@ -70,10 +70,11 @@ def test_bad_tables_name_the_key(table, message):
 # ------------------------------------------------------------------ steps
 def test_linux_take_adds_the_address_and_announces_it_with_arping_release_deletes_it():
     c = parse_mover_config({"mover": "linux", "interface": "ens5", "networks": ["198.18.0.0/24"]})
+    ip = ipaddress.IPv4Address("198.18.0.11")
     assert take_steps(c, P1) == [
-        RunCommand(("ip", "addr", "replace", "198.18.0.11/24", "dev", "ens5")),
+        SetAddress("ens5", ip, 24, present=True),
         RunCommand(("arping", "-U", "-c", "2", "-I", "ens5", "198.18.0.11"))]
-    assert release_steps(c, P1) == [RunCommand(("ip", "addr", "del", "198.18.0.11/24", "dev", "ens5"), ok_codes=(0, 2))]
+    assert release_steps(c, P1) == [SetAddress("ens5", ip, 24, present=False)]
 
 
 def test_netns_take_sends_raw_gratuitous_arp():
@@ -128,9 +129,16 @@ class FakeIo:
         self.frames: list[tuple[str, bytes]] = []
 
     def mover(self, table: dict) -> AddressMover:
-        return AddressMover(parse_mover_config(table), run=self.run, link_addresses=lambda iface: self.held,
+        return AddressMover(parse_mover_config(table), run=self.run, set_address=self.set_address,
+                            link_addresses=lambda iface: self.held,
                             mac_of=lambda iface: b"\x02\x00\x00\x00\x00\x0c",
                             send=lambda iface, frame: self.frames.append((iface, frame)))
+
+    def set_address(self, step: SetAddress) -> None:
+        verb = "add" if step.present else "del"
+        self.ran.append((verb, f"{step.ip}/{step.prefix_len}", step.interface))
+        if self.codes.get(verb):
+            raise OSError(self.codes[verb], "Operation not permitted")
 
     def run(self, step: RunCommand, timeout_s: float) -> subprocess.CompletedProcess[str]:
         self.ran.append(step.argv)
@@ -141,7 +149,7 @@ class FakeIo:
 def test_netns_mover_takes_an_address_on_its_link_and_announces_it():
     io = FakeIo(ETH0)
     io.mover({"mover": "netns"}).take(P1)
-    assert io.ran == [("ip", "addr", "replace", "198.18.0.11/24", "dev", "eth0")]
+    assert io.ran == [("add", "198.18.0.11/24", "eth0")]
     assert len(io.frames) == 2 and io.frames[0][0] == "eth0" and io.frames[0][1][28:32] == bytes([198, 18, 0, 11])
 
 
@@ -171,15 +179,20 @@ def test_command_mover_refuses_outside_its_networks():
     assert io.ran == [("/opt/move-ip", "take", "10.0.1.7/24", "p3")]
 
 
-def test_a_failed_step_is_a_mover_error_and_a_release_of_a_gone_address_is_done():
+def test_a_failed_step_is_a_mover_error_and_nothing_is_announced():
     held = [*ETH0, LinkAddress(ipaddress.IPv4Address("198.18.0.11"), 24, secondary=True)]
-    io = FakeIo(held, codes={"ip replace": 2})
-    with pytest.raises(MoverError, match="ip addr replace 198.18.0.11/24 dev eth0 exited 2: RTNETLINK"):
+    io = FakeIo(held, codes={"add": 1})
+    with pytest.raises(MoverError, match="add 198.18.0.11/24 on eth0: .*Operation not permitted"):
         io.mover({"mover": "netns"}).take(P1)
     assert io.frames == []  # not announced when the address could not be added
-    gone = FakeIo(held, codes={"ip del": 2})
-    gone.mover({"mover": "netns"}).release(P1)
-    assert gone.ran == [("ip", "addr", "del", "198.18.0.11/24", "dev", "eth0")]
+    failed = FakeIo(held, codes={"del": 1})
+    with pytest.raises(MoverError, match="delete 198.18.0.11/24 on eth0"):
+        failed.mover({"mover": "netns"}).release(P1)
+    assert failed.ran == [("del", "198.18.0.11/24", "eth0")]
+    failing_command = FakeIo([], codes={"/opt/move-ip 10.0.1.7/24": 3})
+    with pytest.raises(MoverError, match="/opt/move-ip take 10.0.1.7/24 p3 exited 3"):
+        failing_command.mover({"mover": "command", "command": ["/opt/move-ip"], "networks": ["10.0.1.0/24"]}).take(
+            FloatingAddress.parse("10.0.1.7/24", "p3"))
 
 
 @pytest.mark.parametrize("all_value, if_value, warned", [(0, 0, True), (1, 0, True), (0, 2, False), (2, 0, False)])

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.unit
 
 class Consumer:
     lookups: list[str] = []
+    stop: Stop | None = None  # set by the test: subscribing ends the run
 
     def __init__(self, *args: object, **kwargs: object) -> None:
         self.answers: list[object] = [errors.KafkaConnectionError("reset"), None, {0, 1}]
@@ -36,7 +37,8 @@ class Consumer:
 
     def subscribe(self, topics: list[str]) -> None:
         self.subscribed = topics
-        STOP.event.set()  # subscribed: the test has seen what it needs
+        assert Consumer.stop is not None
+        Consumer.stop.event.set()  # subscribed: the test has seen what it needs
 
     def poll(self, timeout_ms: int) -> dict:
         return {}
@@ -45,15 +47,15 @@ class Consumer:
         pass
 
 
-STOP = Stop(duration_s=30)
-
-
 def test_a_retriable_error_while_waiting_for_the_topic_is_retried(tmp_path, monkeypatch):
     monkeypatch.setattr(kafka, "KafkaConsumer", Consumer)
+    monkeypatch.setattr(Consumer, "lookups", [])
+    stop = Stop(duration_s=30)
+    monkeypatch.setattr(Consumer, "stop", stop)
     writer = TraceWriter(tmp_path, "c", "run-1")
     trace = ConsumerTrace(writer, "kafka-python-consumer", "kafka-python", "t", group="g")
     args = argparse.Namespace(bootstrap="127.0.0.1:1", group="g", client_id="c", topic="t", security=None)
-    kafka_python_client.consume_paced(args, trace, STOP)
+    kafka_python_client.consume_paced(args, trace, stop)
     writer.close()
     assert Consumer.lookups == ["KafkaConnectionError", "NoneType", "set"]
     events = [json.loads(line) for line in (tmp_path / "c.jsonl").read_text().splitlines()]

@@ -10,6 +10,7 @@ order, on the pysyncobj tick thread). Pitfalls handled here (DESIGN §9):
   member's own Raft address;
 * batching adds ~100 ms per commit -> ``appendEntriesUseBatch=False``;
 * ``connectionRetryTime`` 5 s, ``leaderFallbackTimeout`` 30 s -> tuned down;
+* importing it replaces ``socket.inet_ntop`` with a Windows-only shim -> put back;
 * the election timer runs on the leader's UDP beat (membership.election):
   pysyncobj's own election timeout is ``raft_backstop_timeout`` and an idle
   leader's append_entries are slow (``append_entries_period``);
@@ -46,9 +47,18 @@ from typing import Any
 
 from collections.abc import Callable, Iterable
 
+import _socket
+import socket
+
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.poller import POLL_EVENT_TYPE
+
+# pysyncobj's win_inet_pton (imported with its TCP connections) replaces socket.inet_ntop on every
+# platform with a Windows-only shim that raises TypeError: whatever the process calls it from
+# afterwards breaks (seen: pyroute2's netlink decoder in the floating-address mover, which could
+# read no address). pysyncobj itself uses only inet_pton, which it leaves alone off Windows.
+socket.inet_ntop = _socket.inet_ntop
 
 from membership.commands import (
     REJECTED,

@@ -213,3 +213,19 @@ def test_movers_without_a_link_of_their_own_have_no_arp_setting_to_check():
         assert AddressMover(parse_mover_config(table), arp_announce=unreadable).host_warning() is None
     netns = AddressMover(parse_mover_config({"mover": "netns"}), arp_announce=unreadable)
     assert "cannot read the arp_announce of eth0" in (netns.host_warning() or "")
+
+
+def test_netlink_reads_addresses_in_a_process_that_runs_pysyncobj():
+    """pysyncobj's import replaces socket.inet_ntop with a Windows-only shim; membership.raft puts
+    it back, or the mover (pyroute2) cannot decode a single address in a node's process. A fresh
+    interpreter, so that the import order is a node's: pysyncobj first, the mover later."""
+    import sys
+
+    script = ("import pysyncobj, socket, _socket\n"
+              "broken = socket.inet_ntop is not _socket.inet_ntop\n"
+              "import membership.raft\n"
+              "from proxy.addresses.movers import read_link_addresses\n"
+              "print(broken, '127.0.0.1' in [str(a.ip) for a in read_link_addresses('lo')])\n")
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "True"]

@@ -229,3 +229,41 @@ def test_netlink_reads_addresses_in_a_process_that_runs_pysyncobj():
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["True", "True"]
+
+
+def test_gratuitous_arp_frames_share_one_packet_socket_per_interface_until_a_send_fails(monkeypatch):
+    from proxy.addresses import movers
+
+    opened: list["FakeSocket"] = []
+
+    class FakeSocket:
+        def __init__(self, family: int, kind: int) -> None:
+            self.sent: list[bytes] = []
+            self.closed = False
+            self.fail = False
+            opened.append(self)
+
+        def bind(self, address: tuple[str, int]) -> None:
+            self.interface = address[0]
+
+        def send(self, frame: bytes) -> int:
+            if self.fail:
+                raise OSError(100, "Network is down")
+            self.sent.append(frame)
+            return len(frame)
+
+        def close(self) -> None:
+            self.closed = True
+
+    monkeypatch.setattr(movers.socket, "socket", FakeSocket)
+    monkeypatch.setattr(movers, "_packet_sockets", {})
+    for frame in (b"a", b"b", b"c"):
+        movers.send_frame("eth0", frame)
+    movers.send_frame("eth1", b"d")
+    assert [(s.interface, s.sent) for s in opened] == [("eth0", [b"a", b"b", b"c"]), ("eth1", [b"d"])]
+    opened[0].fail = True
+    with pytest.raises(OSError):
+        movers.send_frame("eth0", b"e")
+    assert opened[0].closed and sorted(movers._packet_sockets) == ["eth1"]
+    movers.send_frame("eth0", b"f")  # opened anew
+    assert len(opened) == 3 and opened[2].sent == [b"f"]

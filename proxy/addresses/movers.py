@@ -3,8 +3,9 @@ pyroute2 for a link's addresses, subprocess for commands, an AF_PACKET socket fo
 ARP) after the ownership check.
 
 Netlink, not ``ip addr``: a takeover is on the failover's critical path, and a process per step
-cost 3-10 ms each on a quiet machine and up to ~100 ms under a drill's load (two per take: the
-ownership check's read and the add), against ~1 ms for the same requests over netlink.
+cost 3-9 ms on a quiet machine and up to ~100 ms under load (two per take: the ownership check's
+read and the add), against 0.6-2 ms for the same requests over netlink. The larger cost was the
+gratuitous ARP's socket (``send_frame``).
 
 ``AddressMover(config)`` is the one class for every kind: what differs is the plan. Each I/O
 primitive is injected, so that the mover is tested without root (``tests/unit``).

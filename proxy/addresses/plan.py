@@ -50,7 +50,7 @@ class FloatingAddress:
 
 @attrs.frozen
 class LinkAddress:
-    """One IPv4 address an interface holds (from ``ip -j addr show dev IF``)."""
+    """One IPv4 address an interface holds (read by netlink, as ``ip -4 addr show dev IF`` lists it)."""
 
     ip: ipaddress.IPv4Address
     prefix_len: int

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 
 import pytest
 
 from chaos.drills.drill import DrillConfig, Target, parse_clients, run_drill
 from chaos.testbed.hosts import unavailable_reason
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.drill, pytest.mark.slow]
 
@@ -52,15 +52,18 @@ def _each_node_holds_only_its_own_address(fleet, timeout_s: float) -> None:
     """Every node's /status: its floating addresses are its own only, and it is not fenced
     (the state after every heal and handback)."""
     expected = {n: {"held": {n: fleet.nodes[n].bootstrap_host}, "fenced": False} for n in fleet.node_ids}
-    deadline = time.monotonic() + timeout_s
-    while True:
-        seen = {n: None if st is None or st.floating is None else
-                {"held": st.floating["held"], "fenced": st.floating["fenced"]}
-                for n, st in fleet.statuses().items()}
-        if seen == expected or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)  # a poll period, bounded by the deadline
-    assert seen == expected
+    seen: dict[str, object] = {}
+
+    def settled() -> bool:
+        seen.update({n: None if st is None or st.floating is None else
+                     {"held": st.floating["held"], "fenced": st.floating["fenced"]}
+                     for n, st in fleet.statuses().items()})
+        return seen == expected
+
+    try:
+        wait_for(settled, "every node holding only its own floating address", timeout_s, interval=0.2)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: expected {expected}, last seen {seen}") from None
 
 
 @pytest.mark.parametrize("fault", ["kill", "freeze", "partition", "partition-one-way", "flap", "partition-two"])

@@ -161,6 +161,9 @@ class FloatingAddresses:
         """Reset the silent clients of the node whose address was just taken (tickle ACKs)."""
         pairs = self.peer_clients.at(action.host, action.node) if self.peer_clients is not None else ()
         if not pairs:
+            if self.peer_clients is not None:  # a client waiting silently on it now waits out its timeout
+                log.info("no clients known to tickle", extra={
+                    "node": action.node, "address": action.host, **self.peer_clients.state(action.node)})
             return
         loop = asyncio.get_running_loop()
         for attempt in range(2):

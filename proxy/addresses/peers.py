@@ -103,12 +103,22 @@ class PeerClients:
         self._fetch = fetch
         self._latest: dict[str, tuple[ClientPair, ...]] = {}
         self._versions: dict[str, int | None] = {}
+        self._answered: dict[str, float] = {}  # node -> monotonic time of its last answer
+        self._failing: dict[str, str] = {}  # node -> why its last poll failed (until one succeeds)
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(node, fetch or ClientsFetcher()),
                                           name=f"kproxy-peer-clients-{node}", daemon=True) for node in self.peers]
 
     def of(self, node: str) -> tuple[ClientPair, ...]:
         return self._latest.get(node, ())
+
+    def state(self, node: str) -> dict[str, Any]:
+        """How current ``node``'s list is (for a log line when a take finds no client to tickle):
+        pairs held, seconds since its last answer, the version asked after, why polls fail."""
+        answered = self._answered.get(node)
+        return {"pairs": len(self._latest.get(node, ())),
+                "answer_age_s": None if answered is None else round(time.monotonic() - answered, 3),
+                "version": self._versions.get(node), "failing": self._failing.get(node)}
 
     def at(self, address: str, owner: str) -> tuple[ClientPair, ...]:
         """Every client the peers last listed on ``address``, ``owner``'s floating address: the
@@ -138,10 +148,17 @@ class PeerClients:
             pairs = tuple(ClientPair.from_json(v) for v in list(raw)[:MAX_CLIENT_PAIRS])
             version = body.get("version")
         except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:
-            log.debug("peer's clients not read", extra={"node": node, "reason": str(exc)})
+            reason = f"{type(exc).__name__}: {exc}"
+            if node not in self._failing:  # once per spell of failures, not once per poll
+                log.info("peer's client list not read: keeping its last", extra={
+                    "node": node, "reason": reason, "pairs": len(self._latest.get(node, ()))})
+            self._failing[node] = reason
             self._versions[node] = None  # ask plainly next time: it may have restarted
             return self.poll_s
+        if self._failing.pop(node, None) is not None:
+            log.info("peer's client list read again", extra={"node": node, "pairs": len(pairs)})
         self._latest[node] = pairs  # one assignment: readers on the loop see the old or the new
+        self._answered[node] = time.monotonic()
         self._versions[node] = version if isinstance(version, int) else None
         if version is None:
             return self.poll_s  # a node from before the long poll

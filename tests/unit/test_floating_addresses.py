@@ -189,6 +189,12 @@ def test_peer_clients_keep_the_last_list_of_a_peer_that_stopped_answering():
     del answers["p2"]
     assert peers.poll("p2") == CLIENTS_POLL_S
     assert peers.of("p2") == (ClientPair(9092, "198.18.0.3", 40000),)
+    # what a take that finds nobody to tickle logs: the list kept, its age, why polls fail
+    state = peers.state("p2")
+    assert state["pairs"] == 1 and state["version"] is None and "frozen" in state["failing"]
+    assert 0 <= state["answer_age_s"] < 5
+    assert peers.state("p3") == {"pairs": 0, "answer_age_s": None, "version": None,
+                                 "failing": "ConnectError: frozen"}
     # the first ask is plain, the next a long poll from the version it got, with a longer timeout;
     # after a failure it asks plainly again (the peer may have restarted)
     p2_asks = [a for a in asked if "112" in a[0]]
@@ -198,6 +204,7 @@ def test_peer_clients_keep_the_last_list_of_a_peer_that_stopped_answering():
     peers.poll("p2")
     assert asked[-1][0] == "http://198.18.0.112:9400/clients"
     assert peers.of("p2") == (ClientPair(9101, "198.18.0.3", 40002),)
+    assert peers.state("p2")["failing"] is None and peers.state("p2")["version"] == 9
 
 
 def test_the_clients_of_an_address_include_those_a_peer_took_standing_in_there():

@@ -29,7 +29,14 @@ from proxy.addresses.tickle import ClientPair
 log = logging.getLogger("kproxy.addresses")
 
 CLIENTS_POLL_S = 2.0
-POLL_TIMEOUT_S = 1.0
+# A request's own timeout on top of the wait it asks for. A peer that freezes answers when it
+# thaws: a timed-out request is asked again at once (the peer's socket backlog takes it while
+# the peer is stopped), never after ``poll_s``: that gap once left a peer's clients unknown
+# when it froze again moments after thawing (its clients, reconnected there, got no tickle).
+POLL_TIMEOUT_S = 3.0
+TIMEOUT_RETRY_S = 0.05
+# stop() waits this long for the pollers (daemons: one inside a long poll ends with its request).
+STOP_JOIN_S = 1.0
 # A long poll is answered after this long at the latest (the server caps what it is asked for).
 LONG_POLL_S = 20.0
 # The server waits this long after the first change before answering: a burst is one answer.
@@ -153,7 +160,9 @@ class PeerClients:
                 log.info("peer's client list not read: keeping its last", extra={
                     "node": node, "reason": reason, "pairs": len(self._latest.get(node, ()))})
             self._failing[node] = reason
-            self._versions[node] = None  # ask plainly next time: it may have restarted
+            if isinstance(exc, httpx.TimeoutException):
+                return TIMEOUT_RETRY_S  # frozen or cut off: ask again at once (each ask lasts its timeout)
+            self._versions[node] = None  # refused or cut short: ask plainly, it may have restarted
             return self.poll_s
         if self._failing.pop(node, None) is not None:
             log.info("peer's client list read again", extra={"node": node, "pairs": len(pairs)})
@@ -179,7 +188,7 @@ class PeerClients:
     def stop(self) -> None:
         """Stop asking; a thread inside a long poll (daemon) ends with its request."""
         self._stop.set()
-        deadline = time.monotonic() + POLL_TIMEOUT_S
+        deadline = time.monotonic() + STOP_JOIN_S
         for t in self._threads:
             if t.is_alive():
                 t.join(timeout=max(0.0, deadline - time.monotonic()))

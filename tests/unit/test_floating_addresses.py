@@ -20,7 +20,7 @@ from proxy.addresses import floating
 from proxy.addresses.config import parse_mover_config
 from proxy.addresses.floating import FloatingAddresses
 from proxy.addresses.peers import (CLIENTS_POLL_S, POLL_TIMEOUT_S, SETTLE_S, SMALL_LIST, SMALL_LIST_GAP_S,
-                                   ChangeCounter, PeerClients, listing)
+                                   TIMEOUT_RETRY_S, ChangeCounter, PeerClients, listing)
 from proxy.admin import MAX_CLIENTS_WAIT_S, clients_query
 from proxy.addresses.tickle import TCP_ACK, ClientPair, checksum, pseudo_header, tickle_segment, tickle_segments
 from proxy.config import ConfigError, parse
@@ -205,6 +205,38 @@ def test_peer_clients_keep_the_last_list_of_a_peer_that_stopped_answering():
     assert asked[-1][0] == "http://198.18.0.112:9400/clients"
     assert peers.of("p2") == (ClientPair(9101, "198.18.0.3", 40002),)
     assert peers.state("p2")["failing"] is None and peers.state("p2")["version"] == 9
+
+
+def test_a_peer_that_times_out_is_asked_again_at_once_from_the_same_version():
+    """A frozen peer answers when it thaws: a timed-out long poll is asked again at once and
+    from the version it had (no plain re-ask after poll_s, which once left a peer's clients
+    unknown when it froze again moments after thawing); a refusal still waits poll_s."""
+    import httpx
+
+    script: list[object] = [{"clients": [[9101, "198.18.0.3", 40000]], "version": 4},
+                            httpx.ReadTimeout("frozen"), httpx.ConnectTimeout("frozen"),
+                            {"clients": [[9101, "198.18.0.3", 40001]], "version": 6},
+                            httpx.ConnectError("refused")]
+    asked: list[tuple[str, float]] = []
+
+    def fetch(url: str, token: str, timeout_s: float) -> dict:
+        asked.append((url, timeout_s))
+        step = script.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    peers = PeerClients({"p3": "http://198.18.0.113:9400"}, "t", fetch=fetch, long_poll_s=20.0)
+    assert peers.poll("p3") == SMALL_LIST_GAP_S
+    assert peers.poll("p3") == TIMEOUT_RETRY_S < CLIENTS_POLL_S
+    assert peers.poll("p3") == TIMEOUT_RETRY_S
+    assert peers.of("p3") == (ClientPair(9101, "198.18.0.3", 40000),)  # the last list kept meanwhile
+    assert peers.poll("p3") == SMALL_LIST_GAP_S
+    assert peers.poll("p3") == CLIENTS_POLL_S
+    long_ask = ("http://198.18.0.113:9400/clients?after=4&wait=20", POLL_TIMEOUT_S + 20.0)
+    assert asked[1:4] == [long_ask] * 3
+    assert asked[4][0].endswith("after=6&wait=20")
+    assert peers.of("p3") == (ClientPair(9101, "198.18.0.3", 40001),) and peers.state("p3")["version"] is None
 
 
 def test_the_clients_of_an_address_include_those_a_peer_took_standing_in_there():

@@ -48,7 +48,6 @@ Pure: time and every input come from the caller (membership.control feeds it on 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Collection, Iterable, Mapping
 
 import attrs
@@ -62,11 +61,6 @@ MIN_SPACING_S = 0.02
 # Back in contact after a spell without a majority, the "leader dead" rule waits this many beats:
 # after a two-way cut the leader's first datagrams still say it does not hear us (until ours reach it).
 CONTACT_SETTLE_BEATS = 2
-# An idle leader's append_entries go out this long before a beat's grid point (under
-# membership.raft.RAFT_TIMER_SLACK_S: the tick thread's wait then ends at the grid point itself),
-# and are left where they are when within the tolerance of it.
-AE_GRID_LEAD_S = 0.001
-AE_GRID_TOLERANCE_S = 0.0005
 
 
 @attrs.frozen(slots=True)
@@ -151,21 +145,6 @@ def append_entries_period(idle_period: float, legacy_period: float, legacy_peers
     """The leader's append_entries period: ``idle_period``, but ``legacy_period`` while any
     peer's election timer still runs on append_entries (its datagrams carry no term)."""
     return legacy_period if legacy_peers else idle_period
-
-
-def on_beat_grid(now: float, due_in: float, next_beat: float, interval: float,
-                 lead: float = AE_GRID_LEAD_S, tolerance: float = AE_GRID_TOLERANCE_S) -> float | None:
-    """Where to move an idle leader's next append_entries, due ``due_in`` from ``now``: just
-    before the first beat grid point (``next_beat`` + k * ``interval``) at or after it, so that
-    the append_entries and the beat go out in one wake-up of the leader's tick thread and reach
-    each follower together (one wake-up there too, not two: an idle node's CPU is its wake-ups).
-    Seconds from ``now``; None when it is there already, or due now (sent this tick)."""
-    if not 0 < due_in < math.inf:
-        return None
-    at = now + due_in
-    k = max(0, math.ceil((at + lead - tolerance - next_beat) / interval))
-    target = next_beat + k * interval - lead
-    return None if abs(target - at) <= tolerance else target - now
 
 
 class ElectionTimer:

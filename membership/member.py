@@ -37,8 +37,7 @@ from membership.commands import (ADD, REJECTED, REMOVE, BeginAdd, BeginRemove, C
                                   MemberChange, Result, Undrain)
 from membership.config import MemberConfig, MemberSpec
 from membership.control import MemberCore, RaftView
-from membership.election import (NO_BEAT, LeaderBeat, append_entries_period, claimed_by_a_peer, leader_beat,
-                                 on_beat_grid)
+from membership.election import NO_BEAT, LeaderBeat, append_entries_period, claimed_by_a_peer, leader_beat
 from membership.formats import SUPPORTED, FormatRange
 from membership.heartbeat import Heartbeat
 from membership.raft import RaftReplica
@@ -451,14 +450,8 @@ class Member:
                                             leader_beat=self._leader_beat(hb, leader, term, live),
                                             hearing=hb.view.hearing(now), heard_at=hb.view.heard_at()))
         if role == "leader":
-            period = append_entries_period(self.config.append_entries_period,
-                                           self.config.legacy_append_entries_period, hb.legacy_peers())
-            raft.set_append_entries_period(period)
-            if period >= hb.interval:  # idle append_entries on the beat's grid (0.75 s: every 4th beat)
-                now = self._clock()
-                move = on_beat_grid(now, raft.raft_timer_in(), hb.next_send, hb.interval)
-                if move is not None:
-                    raft.append_entries_due_in(move)
+            raft.set_append_entries_period(append_entries_period(
+                self.config.append_entries_period, self.config.legacy_append_entries_period, hb.legacy_peers()))
 
     def _leader_beat(self, hb: Heartbeat, leader: str | None, term: int, live: frozenset[str]) -> LeaderBeat:
         """What the heartbeat says of the leader Raft names, or with none named, of the live

@@ -311,12 +311,6 @@ class RaftReplica(SyncObj):
         if self._syncobj_conf.appendEntriesPeriod != seconds:
             self._syncobj_conf.appendEntriesPeriod = seconds
 
-    def append_entries_due_in(self, seconds: float) -> None:
-        """As leader: the next idle append_entries ``seconds`` from now (membership.election
-        .on_beat_grid puts it on the beat's grid). Commands and commits are sent at once anyway."""
-        if self._isLeader():
-            setattr(self, "_SyncObj__newAppendEntriesTime", raft_clock() + seconds)
-
     def cap_poll_wait(self, seconds_left: Callable[[], float]) -> None:
         """Make the tick thread's idle wait end at the first due timer: pysyncobj's
         own (:meth:`raft_timer_in`) or ours (``seconds_left()``, run on the tick

@@ -11,10 +11,9 @@ import pytest
 from pysyncobj import SyncObj
 
 from membership import raft
-from membership.election import (AE_GRID_LEAD_S, AE_GRID_TOLERANCE_S, CONTACT_SETTLE_BEATS, HASTEN_SPACING_S,
-                                 DeferElection, ElectionTimer, HastenElection, HoldElection, LeaderBeat, LeaderClaim,
-                                 append_entries_period, campaign_window, can_campaign, claimed_by_a_peer, leader_beat,
-                                 on_beat_grid)
+from membership.election import (CONTACT_SETTLE_BEATS, HASTEN_SPACING_S, DeferElection, ElectionTimer,
+                                 HastenElection, HoldElection, LeaderBeat, LeaderClaim, append_entries_period,
+                                 campaign_window, can_campaign, claimed_by_a_peer, leader_beat)
 from membership.liveness import Beat, decode, encode
 from tests.unit.test_liveness import INC, INTERVAL, KEY, Fleet
 
@@ -261,31 +260,3 @@ def test_defer_moves_even_a_past_deadline_later_and_never_earlier():
     assert 0.9 < r.left() <= 1.0
     raft.RaftReplica.defer_election(r, 0.2)  # earlier: ignored
     assert r.left() > 0.8
-
-
-def test_an_idle_append_entries_moves_just_before_the_first_beat_grid_point_at_or_after_it():
-    """A leader that sent at a beat (t = 10.0, next beat 10.2, beats every 0.2 s) has its next
-    append_entries due 0.75 s later: it goes out 1 ms before the 10.8 beat, with it, in one
-    wake-up (the follower's beat and append_entries then arrive together too)."""
-    move = on_beat_grid(10.0, 0.75, 10.2, 0.2)
-    assert move == pytest.approx(0.8 - AE_GRID_LEAD_S)
-    # once there, it stays (no drift by re-aligning every tick), nor does a later tick move it
-    assert on_beat_grid(10.0, move, 10.2, 0.2) is None
-    assert on_beat_grid(10.05, move - 0.05, 10.2, 0.2) is None
-    # due just after a grid point (beyond the tolerance): the next one, never an earlier one
-    later = on_beat_grid(10.0, 0.4 - AE_GRID_LEAD_S + 3 * AE_GRID_TOLERANCE_S, 10.2, 0.2)
-    assert later == pytest.approx(0.6 - AE_GRID_LEAD_S)
-    # due before the next beat: that beat
-    assert on_beat_grid(10.0, 0.05, 10.2, 0.2) == pytest.approx(0.2 - AE_GRID_LEAD_S)
-    # never earlier than it was due, by more than the tolerance
-    for due in [i / 97 for i in range(1, 200)]:
-        m = on_beat_grid(10.0, due, 10.2, 0.2)
-        if m is not None:
-            assert due - AE_GRID_TOLERANCE_S <= m <= due + 0.2
-            assert round((10.0 + m + AE_GRID_LEAD_S) / 0.2, 6) % 1 == 0  # a grid point, less the lead
-
-
-def test_an_append_entries_due_now_or_unknown_is_left_alone():
-    assert on_beat_grid(10.0, 0.0, 10.2, 0.2) is None  # due: pysyncobj sends it this tick
-    assert on_beat_grid(10.0, -0.3, 10.2, 0.2) is None  # just elected (its timer starts at 0)
-    assert on_beat_grid(10.0, float("inf"), 10.2, 0.2) is None

@@ -31,8 +31,8 @@ log = logging.getLogger("kproxy.addresses")
 CLIENTS_POLL_S = 2.0
 # A request's own timeout on top of the wait it asks for. A peer that freezes answers when it
 # thaws: a timed-out request is asked again at once (the peer's socket backlog takes it while
-# the peer is stopped), never after ``poll_s``: that gap once left a peer's clients unknown
-# when it froze again moments after thawing (its clients, reconnected there, got no tickle).
+# the peer is stopped), not plainly after ``poll_s``: in that gap the list of a peer that froze
+# again moments after thawing could be one from before its clients came back (no tickle for them).
 POLL_TIMEOUT_S = 3.0
 TIMEOUT_RETRY_S = 0.05
 # stop() waits this long for the pollers (daemons: one inside a long poll ends with its request).

@@ -209,8 +209,8 @@ def test_peer_clients_keep_the_last_list_of_a_peer_that_stopped_answering():
 
 def test_a_peer_that_times_out_is_asked_again_at_once_from_the_same_version():
     """A frozen peer answers when it thaws: a timed-out long poll is asked again at once and
-    from the version it had (no plain re-ask after poll_s, which once left a peer's clients
-    unknown when it froze again moments after thawing); a refusal still waits poll_s."""
+    from the version it had (no plain re-ask after poll_s: in that gap a peer that froze again
+    moments after thawing could have its clients unknown); a refusal still waits poll_s."""
     import httpx
 
     script: list[object] = [{"clients": [[9101, "198.18.0.3", 40000]], "version": 4},

@@ -136,7 +136,7 @@ def test_broker_kill_drill_loses_and_duplicates_nothing(kafka_cluster, tmp_path)
     assert result["skipped"] is False
     assert result["errors"] == [], context
     assert result["trace_errors"] == [], context
-    assert result["records"]["acked"] >= 200, context  # ~50/s per producer for several seconds
+    assert result["records"]["acked"] > 0, context
     assert result["lost"] == 0, context
     assert result["duplicated"] == 0, context
     assert result["recovered"] is True, context
@@ -153,6 +153,13 @@ def test_broker_kill_drill_loses_and_duplicates_nothing(kafka_cluster, tmp_path)
     events = trace.load_events(result["trace_dir"])
     fleet = [e["event"] for e in events if e["source"] == "fleet"]
     assert fleet == ["drill_start", "fault", "node_back", "drill_end"]
+    # The load straddles the fault: each producer had records acked before the broker died and
+    # after (the drill's length follows the recovery, so no count is fixed here: a broker back
+    # in 0.2 s left 138 acked records in one CI run, under a bound of 200 that assumed seconds).
+    (step,) = result["steps"]
+    for producer in ("aiokafka-producer", "confluent-producer"):
+        acks = [e["ts_ns"] for e in events if e.get("client_id") == producer and e["event"] == "ack"]
+        assert acks and min(acks) < step["fault_ts_ns"] < max(acks), (producer, context)
     assert result["passed"] is True
     assert json.loads((Path(result["out_dir"]) / "summary.json").read_text())["lost"] == 0
     # The cluster is whole again for the rest of the session.

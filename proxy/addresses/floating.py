@@ -2,8 +2,10 @@
 ``proxy.takeover`` decides, with the mover of ``[addresses]``, and runs the fence.
 
 :class:`FloatingAddresses` is driven by the data path (``proxy.datapath``): ``sync(map)`` after
-every map (and after a fence or an unfence) takes and releases addresses in a worker thread (a
-take is an ``ip`` command and an ARP, milliseconds: never on the loop); once the data path
+every map (and after a fence or an unfence) takes and releases addresses in the mover's own
+thread (a take is two netlink requests and an ARP, milliseconds: never on the loop; one thread
+of its own, not the loop's default executor, where a blocking call of another part could make a
+take wait its turn, and where the netlink socket it keeps is used by one thread); once the data path
 listens on the taken addresses' ports, ``tickle_taken()`` sends the tickle ACKs to the clients
 of each down node whose address it took; ``watch()`` ticks the
 :class:`proxy.takeover.Fence`. A failed take or release is logged and tried again at the next
@@ -13,6 +15,7 @@ sync (the reconciler only records what was done).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import ipaddress
 import logging
 import time
@@ -67,6 +70,7 @@ class FloatingAddresses:
         self.own_host = own_host
         self.fleet = fleet
         self.mover = mover or build_mover(config)
+        self._mover_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kproxy-mover")
         self.reconciler = AddressReconciler()
         self.clock = clock
         self.fence = Fence(stall_s, confirm_s, clock())
@@ -102,7 +106,7 @@ class FloatingAddresses:
                 step = self.mover.take if isinstance(action, TakeAddress) else self.mover.release
                 started = self.clock()
                 try:
-                    await loop.run_in_executor(None, step, address)
+                    await loop.run_in_executor(self._mover_thread, step, address)
                 except (MoverError, AddressRefused, OSError) as exc:
                     log.warning("floating address not moved", extra={
                         "action": type(action).__name__, "node": action.node, "address": action.host,
@@ -150,7 +154,7 @@ class FloatingAddresses:
         """One gratuitous ARP round for a held ``address`` (the caller holds the lock);
         False, logged, when the mover failed."""
         try:
-            await asyncio.get_running_loop().run_in_executor(None, self.mover.announce, address)
+            await asyncio.get_running_loop().run_in_executor(self._mover_thread, self.mover.announce, address)
         except (MoverError, AddressRefused, OSError) as exc:
             log.warning("floating address not announced", extra={
                 "node": address.node, "address": str(address.ip), "reason": str(exc)})
@@ -260,7 +264,7 @@ class FloatingAddresses:
                 if node == self.node_id:
                     continue
                 try:
-                    await loop.run_in_executor(None, self.mover.release,
+                    await loop.run_in_executor(self._mover_thread, self.mover.release,
                                                floating_address(self.config, node, host))
                 except (MoverError, AddressRefused, OSError) as exc:
                     log.warning("floating address not released", extra={"node": node, "reason": str(exc)})

@@ -5,7 +5,11 @@ ARP) after the ownership check.
 Netlink, not ``ip addr``: a takeover is on the failover's critical path, and a process per step
 cost 3-9 ms on a quiet machine and up to ~100 ms under load (two per take: the ownership check's
 read and the add), against 0.6-2 ms for the same requests over netlink. The larger cost was the
-gratuitous ARP's socket (``send_frame``).
+gratuitous ARP's socket (``send_frame``). The netlink socket is kept open too (:class:`Netlink`):
+pyroute2's ``IPRoute()`` runs its own event loop per instance, and opening one per request made
+a take cost 8 ms on a quiet machine and 39 ms p50 (54 max) from a process whose loop was busy
+80% of the time, against 2.5 and 11 ms on one socket kept open: every blocking call hands the
+GIL back and forth, which a busy loop makes dear (BENCHMARKS.md, session 27).
 
 ``AddressMover(config)`` is the one class for every kind: what differs is the plan. Each I/O
 primitive is injected, so that the mover is tested without root (``tests/unit``).
@@ -22,7 +26,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import attrs
 
@@ -52,21 +56,69 @@ def run_command(step: RunCommand, timeout_s: float) -> "subprocess.CompletedProc
 IFA_F_SECONDARY = 0x01
 
 
-def _link_index(ipr: "IPRoute", interface: str) -> int:
-    found = ipr.link_lookup(ifname=interface)
-    if not found:
-        raise MoverError(f"no link named {interface} on this host")
-    return int(found[0])
+def _link_index(interface: str) -> int:
+    """The link's index now (an ioctl, not netlink: a link made again gets a new one)."""
+    try:
+        return socket.if_nametoindex(interface)
+    except OSError:
+        raise MoverError(f"no link named {interface} on this host") from None
+
+
+T = TypeVar("T")
+
+
+class Netlink:
+    """One rtnetlink socket (pyroute2's ``IPRoute``), opened at the first request and kept. A
+    request that fails on the socket itself (not a kernel's answer, ``NetlinkError``) closes it
+    and is tried once more on a new one."""
+
+    def __init__(self) -> None:
+        self._ipr: IPRoute | None = None
+        self._lock = threading.Lock()
+
+    def call(self, interface: str, request: Callable[["IPRoute", int], T]) -> T:
+        """``request(ipr, index of interface)``; raises pyroute2's ``NetlinkError`` for the kernel's
+        refusals, ``MoverError`` when there is no such link."""
+        from pyroute2 import IPRoute
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        with self._lock:
+            index = _link_index(interface)
+            for attempt in range(2):
+                if self._ipr is None:
+                    self._ipr = IPRoute()
+                try:
+                    return request(self._ipr, index)
+                except NetlinkError:
+                    raise
+                except Exception:  # noqa: BLE001 - the socket itself: open a new one, once
+                    self._close_locked()
+                    if attempt:
+                        raise
+            raise AssertionError("unreachable")  # pragma: no cover
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        ipr, self._ipr = self._ipr, None
+        if ipr is not None:
+            try:
+                ipr.close()
+            except Exception:  # noqa: BLE001 - closing a broken socket
+                pass
+
+
+_netlink = Netlink()
 
 
 def read_link_addresses(interface: str) -> list[LinkAddress]:
     """The IPv4 addresses ``interface`` holds now (netlink; what ``ip -4 addr show dev IF`` lists)."""
-    from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
     try:
-        with IPRoute() as ipr:
-            messages = ipr.get_addr(index=_link_index(ipr, interface), family=socket.AF_INET)
+        messages = _netlink.call(interface, lambda ipr, index: ipr.get_addr(index=index, family=socket.AF_INET))
     except NetlinkError as exc:
         raise MoverError(f"cannot read the addresses of {interface}: {exc}") from exc
     out = []
@@ -80,13 +132,11 @@ def read_link_addresses(interface: str) -> list[LinkAddress]:
 
 def set_address(step: SetAddress) -> None:
     """Add (replace: already there is done) or delete (already gone is done) an address, by netlink."""
-    from pyroute2 import IPRoute
     from pyroute2.netlink.exceptions import NetlinkError
 
     try:
-        with IPRoute() as ipr:
-            ipr.addr("replace" if step.present else "del", index=_link_index(ipr, step.interface),
-                     address=str(step.ip), prefixlen=step.prefix_len)
+        _netlink.call(step.interface, lambda ipr, index: ipr.addr(
+            "replace" if step.present else "del", index=index, address=str(step.ip), prefixlen=step.prefix_len))
     except NetlinkError as exc:
         if not step.present and exc.code == errno.EADDRNOTAVAIL:
             return

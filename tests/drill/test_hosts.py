@@ -163,3 +163,57 @@ def test_netns_mover_moves_a_dead_hosts_address_to_a_survivor(tmp_path):
     finally:
         left = net.remove()
     assert left == []
+
+
+# In one host: the mover's netlink socket is opened once and kept; a link made again (a new index)
+# and a socket that broke under it are both handled on the next request.
+KEPT_SOCKET = """
+import ipaddress, json, subprocess
+from proxy.addresses.movers import _netlink, read_link_addresses, set_address
+from proxy.addresses.plan import SetAddress
+
+def make():
+    subprocess.run(["ip", "link", "add", "kpx0", "type", "veth", "peer", "name", "kpx1"], check=True)
+    subprocess.run(["ip", "link", "set", "kpx0", "up"], check=True)
+
+def held():
+    return sorted(str(a.ip) for a in read_link_addresses("kpx0"))
+
+ip = ipaddress.IPv4Address("198.18.0.200")
+out = {}
+make()
+set_address(SetAddress("kpx0", ip, 24, True))
+kept = _netlink._ipr
+out["first"] = held()
+subprocess.run(["ip", "link", "del", "kpx0"], check=True)
+make()
+out["remade"] = held()
+set_address(SetAddress("kpx0", ip, 24, True))
+out["again"] = held()
+out["same_socket"] = _netlink._ipr is kept
+_netlink._ipr.close()  # broken under it: the next request opens a new one
+set_address(SetAddress("kpx0", ip, 24, False))
+out["deleted"] = held()
+out["new_socket"] = _netlink._ipr is not None and _netlink._ipr is not kept
+print(json.dumps(out))
+"""
+
+
+def test_netns_mover_keeps_one_netlink_socket_across_link_changes(tmp_path):
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"emulated hosts need network namespaces: {reason}")
+    from chaos.testbed.hosts import HostNet, plan_hosts, tag_for
+
+    plan = plan_hosts(tag_for(tmp_path), ["p1"])
+    net = HostNet(plan).create()
+    try:
+        run = subprocess.run([*plan.exec_prefix("p1"), sys.executable, "-c", KEPT_SOCKET], capture_output=True,
+                             text=True, timeout=60)
+        assert run.returncode == 0, run.stderr[-2000:]
+        out = json.loads(run.stdout.strip().splitlines()[-1])
+        assert out == {"first": ["198.18.0.200"], "remade": [], "again": ["198.18.0.200"], "same_socket": True,
+                       "deleted": [], "new_socket": True}, out
+    finally:
+        left = net.remove()
+    assert left == []

@@ -211,6 +211,7 @@ class MemberCore:
         self.live: frozenset[ProxyId] = frozenset([self.node_id])
         self.isolated = False
         self.hearing: frozenset[ProxyId] = frozenset()
+        self.refused_peers: frozenset[ProxyId] = frozenset()
         self._planner = Planner(config.rebalance_delay, broker_grace=config.broker_grace)
         self._tokens = itertools.count(1)
         self._started_at = now
@@ -289,7 +290,8 @@ class MemberCore:
     def tick(self, now: float, live: frozenset[ProxyId], heard_all: bool, raft: RaftView,
              isolated: bool = False, leader_beat: LeaderBeat = NO_BEAT,
              hearing: frozenset[ProxyId] | None = None,
-             heard_at: Mapping[ProxyId, float] | None = None) -> list[Action]:
+             heard_at: Mapping[ProxyId, float] | None = None,
+             refused: frozenset[ProxyId] = frozenset()) -> list[Action]:
         """``live``: this node and every peer that is live both ways (membership.liveness);
         ``heard_all``: every peer has been in two-way contact once since this process started;
         ``isolated``: this node hears no peer and they all fell silent at once (it is
@@ -298,9 +300,11 @@ class MemberCore:
         peers this node hears, whether or not they hear it (default: ``live``); in degraded
         mode only the silent ones count as unreachable (membership.effective); ``heard_at``: when
         each peer was last heard (with no majority left, the quorum lease counts from the last
-        time one was heard, :func:`majority_heard_at`)."""
+        time one was heard, :func:`majority_heard_at`); ``refused``: the peers whose host refused a
+        heartbeat since they were last heard (membership.liveness ``refused_peers``), for the map."""
         out: list[Action] = []
         self.hearing = live if hearing is None else hearing
+        self.refused_peers = refused
         if isolated != self.isolated:
             self.isolated = isolated
             out.append(_emit(now, "isolated" if isolated else "not_isolated"))
@@ -472,7 +476,7 @@ class MemberCore:
         self, state: FleetState, live: frozenset[ProxyId], degraded: bool, now: float, out: list[Action]
     ) -> None:
         local = self.local_brokers or ()
-        key = (state, live, degraded, local, self.isolated, self.hearing if degraded else None)
+        key = (state, live, degraded, local, self.isolated, self.hearing if degraded else None, self.refused_peers)
         if key == self._map_key:
             return
         self._map_key = key
@@ -491,6 +495,7 @@ class MemberCore:
             changed_at=now,
             isolated=self.isolated,
             hearing=self.hearing | {self.node_id},
+            refused=self.refused_peers,
         )
         if new.same_table(prev):
             return

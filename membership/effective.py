@@ -80,6 +80,7 @@ def build_serving_map(
     changed_at: float = 0.0,
     isolated: bool = False,
     hearing: Iterable[ProxyId] | None = None,
+    refused: Iterable[ProxyId] = (),
 ) -> ServingMap:
     """This node's :class:`ServingMap` (see the module doc for the owners).
 
@@ -93,6 +94,8 @@ def build_serving_map(
     it does not hear at all (``hearing``, default ``reachable``): a peer it hears that does not
     hear it yet is one whose link just came back, or one it cannot reach while the clients
     can (a broken send path): claiming its address would take it from a host that serves.
+    ``refused``: the peers whose host refused a heartbeat since they were last heard (dead
+    processes), passed on as the map's ``refused``.
     """
     nodes = dict(configured)
     nodes.update(state.member_map())
@@ -120,6 +123,7 @@ def build_serving_map(
         unreachable=(frozenset(nodes) - frozenset(reachable if hearing is None else hearing) - {self_id}
                      if degraded and not isolated else frozenset()),
         isolated=isolated,
+        refused=frozenset(refused) & nodes.keys() - {self_id},
         version=version,
         changed_at=changed_at,
         error=error,

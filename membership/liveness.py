@@ -36,6 +36,7 @@ from types import MappingProxyType
 
 import attrs
 
+NOBODY: frozenset[str] = frozenset()
 MAGIC_V1 = b"KPH1"
 MAGIC_V2 = b"KPH2"
 MAGIC = b"KPH3"
@@ -156,7 +157,7 @@ class Liveness:
 
     __slots__ = ("self_id", "peers", "suspect_timeout", "_heard", "_heard_view", "_refused", "_last", "_hears_us",
                  "_contact", "_judged_at", "_changes", "_flags", "_audible", "_hearing_memo", "_live_memo",
-                 "_expiry_memo")
+                 "_expiry_memo", "_refusals", "_refused_memo")
 
     def __init__(self, self_id: str, peers: Iterable[str], suspect_timeout: float) -> None:
         self.self_id = self_id
@@ -183,11 +184,16 @@ class Liveness:
         self._hearing_memo: tuple[float, int, frozenset[str], float | None] | None = None
         self._live_memo: tuple[frozenset[str], int, frozenset[str]] | None = None
         self._expiry_memo: tuple[int, float, float] | None = None
+        # refused_peers: (_refusals, the set); _refusals counts refusals and datagrams from a peer
+        # that was refused once (the only inputs that change the set).
+        self._refusals = 0
+        self._refused_memo: tuple[int, frozenset[str]] = (0, NOBODY)
 
     def set_peers(self, peers: Iterable[str]) -> None:
         self._changes += 1
         self._flags += 1
         self._audible += 1
+        self._refusals += 1
         self.peers = frozenset(peers)
         for book in (self._heard, self._refused, self._last, self._hears_us):
             for gone in set(book) - self.peers:
@@ -207,6 +213,8 @@ class Liveness:
             return False
         self._last[peer] = (beat.incarnation, beat.seq)
         self._changes += 1
+        if peer in self._refused:
+            self._refusals += 1
         before = self._heard.get(peer)
         self._heard[peer] = now
         kept = self._hearing_memo
@@ -226,6 +234,7 @@ class Liveness:
         if peer in self.peers:
             self._changes += 1
             self._audible += 1
+            self._refusals += 1
             self._refused[peer] = now
 
     # ---- view --------------------------------------------------------------------------------
@@ -237,6 +246,19 @@ class Liveness:
         if heard is None or now - heard > self.suspect_timeout:
             return False
         return heard > self._refused.get(peer, float("-inf"))
+
+    def refused_peers(self) -> frozenset[str]:
+        """The peers we heard once whose host refused a datagram since (membership.heartbeat:
+        "port unreachable"): their process is gone, for certain and at once, where silence
+        would take ``suspect_timeout`` to mean anything. A peer never heard is not in it (a
+        fleet starting: its peers' processes may not be up yet). Kept until an input changes."""
+        memo = self._refused_memo
+        if memo[0] == self._refusals:
+            return memo[1]
+        gone = frozenset([p for p, at in self._refused.items()
+                          if p in self._heard and at >= self._heard[p]]) or NOBODY
+        self._refused_memo = (self._refusals, gone)
+        return gone
 
     def heard_at(self) -> Mapping[str, float]:
         """When each peer's latest datagram arrived (peers never heard are absent); a read-only

@@ -448,7 +448,8 @@ class Member:
         live = hb.live(now)
         self._execute(raft, self._core.tick(now, live, heard_all, view, isolated=hb.isolated(now),
                                             leader_beat=self._leader_beat(hb, leader, term, live),
-                                            hearing=hb.view.hearing(now), heard_at=hb.view.heard_at()))
+                                            hearing=hb.view.hearing(now), heard_at=hb.view.heard_at(),
+                                            refused=hb.view.refused_peers()))
         if role == "leader":
             raft.set_append_entries_period(append_entries_period(
                 self.config.append_entries_period, self.config.legacy_append_entries_period, hb.legacy_peers()))

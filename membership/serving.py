@@ -78,6 +78,11 @@ class ServingMap:
     # receive path is cut (a one-way partition) than every peer failing together. Its peers
     # declare it down and take its address; it takes none of theirs (``unreachable`` stays empty).
     isolated: bool = False
+    # Peers whose host refused this node's heartbeat since it last heard them (their process
+    # is gone, membership.liveness ``refused_peers``): their addresses float before the commit
+    # that marks them down (proxy.takeover.down_nodes); owners and stand-in duties still follow
+    # the committed view.
+    refused: frozenset[ProxyId] = frozenset()
     version: int = 0
     changed_at: float = 0.0
     error: str | None = None

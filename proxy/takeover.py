@@ -117,23 +117,28 @@ class TakeoverReconciler:
 
 
 def down_nodes(serving: ServingMap) -> frozenset[str]:
-    """Vacant and not draining, or (degraded mode) out of reach: the nodes whose address floats
-    to a survivor. Without quorum a node cannot tell a dead peer from a cut-off one; taking
-    the address of one that is alive after all is undone by the fence when quorum returns."""
-    return (serving.vacant - serving.draining) | serving.unreachable
+    """Vacant or refused (its process is gone: the address floats at once, not after the commit
+    that marks it down), and not draining, or (degraded mode) out of reach: the nodes whose
+    address floats to a survivor. Without quorum a node cannot tell a dead peer from a cut-off
+    one; taking the address of one that is alive after all is undone by the fence when quorum
+    returns. A refusal is no such guess: a host answers "port unreachable" only when nothing
+    listens on the heartbeat's port."""
+    return ((serving.vacant | serving.refused) - serving.draining) | serving.unreachable
 
 
 def address_holder(serving: ServingMap, vacant: str) -> str | None:
     """The one survivor that holds ``vacant``'s address: of the nodes standing in for it (in
-    degraded mode: every node in reach) that are not down themselves, the first by a hash of
-    (vacant, node), so that the addresses of several down nodes spread over the survivors and
-    every node computes the same one."""
+    degraded mode, or while it is refused but not yet vacant in the committed view: every node
+    not draining, the same set the stand-in duties give once it is) that are not down
+    themselves, the first by a hash of (vacant, node), so that the addresses of several down
+    nodes spread over the survivors, every node computes the same one, and the commit that
+    marks a refused node down leaves its address where it is."""
     down = down_nodes(serving)
     if vacant not in down:
         return None  # draining (keeps its address) or not vacant at all
     candidates = {s.node for s in serving.stand_ins if s.vacant == vacant and s.listener == BOOTSTRAP}
-    if serving.degraded:
-        candidates |= {n.id for n in serving.nodes} - serving.draining
+    if serving.degraded or vacant not in serving.vacant:
+        candidates |= {n.id for n in serving.nodes} - serving.draining - {vacant}
     candidates -= down
     if not candidates:
         return None

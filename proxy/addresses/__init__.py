@@ -21,14 +21,17 @@ ones). Moving it is the job of an *address mover*, chosen in the config (``[addr
 
 Who holds what is decided in ``proxy.takeover`` (pure): a node's own host holds its address
 while the committed map has it up; one survivor (``address_holder``) holds a down node's and
-listens on all its ports; a draining node keeps its own. A node that stalled or regained quorum
+listens on all its ports (a node whose host refused a heartbeat, its process gone, counts as
+down at once, before the commit that marks it so: the same survivor takes it tens of
+milliseconds sooner and keeps it); a draining node keeps its own. A node that stalled or regained quorum
 after a degraded spell is fenced (``Fence``): it gives every address back and drops its
 connections until it knows the committed epoch.
 
 Layout: ``config`` parses and checks the ``[addresses]`` table (pure); ``plan`` turns a take or a
 release into the steps to run (pure: argv lists and ARP frames, testable without root);
-``movers`` is the thin shell that runs them (subprocess, an AF_PACKET socket); ``floating`` is
-the data path's shell (takes and releases in a worker thread, ticks the fence); ``tickle``
+``movers`` is the thin shell that runs them (netlink on one kept socket, subprocess, an AF_PACKET
+socket); ``floating`` is the data path's shell (takes and releases in the mover's own thread,
+ticks the fence); ``tickle``
 builds and sends the tickle ACKs that reset a down node's silent clients, and ``peers`` polls
 the peers' client lists for them (``GET /clients``). Every mover refuses an address outside its
 configured networks, and the ``netns``/``linux`` movers also one that is not on the network of a

@@ -175,3 +175,18 @@ def test_a_follower_advertises_a_removed_broker_until_its_own_roster_lets_it_go(
     maps = published(c.tick(1.2, live, True, RaftView("follower", "a", 1, after)))
     assert len(maps) == 1 and sorted(maps[0].owner_map()) == [1, 2]
     assert 3 not in maps[0].address_map()
+
+
+def test_a_refusal_publishes_a_map_naming_the_refused_peer_before_any_commit():
+    """membership.control passes the heartbeat's refused peers into the map (their address floats
+    at once: proxy.takeover.down_nodes); owners and the committed view stay as they were."""
+    c = core("a")
+    state = committed([B[1], B[2]])
+    view = RaftView("follower", "b", 1, state)
+    (first,) = published(c.tick(1.0, frozenset("ab"), True, view))
+    assert first.refused == frozenset()
+    (gone,) = published(c.tick(1.1, frozenset("a"), True, view, refused=frozenset({"b"})))
+    assert gone.refused == {"b"} and gone.owners == first.owners and gone.vacant == first.vacant
+    assert published(c.tick(1.2, frozenset("a"), True, view, refused=frozenset({"b"}))) == []  # nothing new
+    (back,) = published(c.tick(5.0, frozenset("ab"), True, view))
+    assert back.refused == frozenset()

@@ -72,6 +72,40 @@ def test_own_address_waits_for_a_committed_map_and_a_fence_gives_everything_back
     assert wanted_addresses(m, "p1", fleet=True, fenced=True, draining=False) == frozenset()
 
 
+NODES5 = tuple(ProxyNode(id=f"p{i}", host=f"198.18.0.1{i}", bootstrap_port=9092, ports=PortScheme(base=9100))
+               for i in range(1, 6))
+
+
+@pytest.mark.parametrize("victim", ["p1", "p2", "p3", "p4", "p5"])
+def test_a_refused_node_s_address_floats_before_the_commit_to_the_holder_the_commit_keeps(victim):
+    """Its host refused a heartbeat (its process is gone): one survivor takes its address now,
+    and it is the one that holds it once the commit marks the node down (no second move)."""
+    up = {1: "p1", 2: "p2", 3: "p3", 4: "p4", 5: "p5"}
+    before = ServingMap(epoch=5, owners=up, nodes=NODES5, refused=frozenset({victim}))
+    moved = {b: ("p1" if p == victim and victim != "p1" else "p2" if p == victim else p) for b, p in up.items()}
+    after = ServingMap(epoch=6, owners=moved, nodes=NODES5, vacant=frozenset({victim}), refused=frozenset({victim}),
+                       stand_ins=stand_in_duties(moved, NODES5, {victim}, frozenset()))
+    survivors = [n.id for n in NODES5 if n.id != victim]
+    assert down_nodes(before) == {victim}
+    holder = address_holder(before, victim)
+    assert holder in survivors and holder == address_holder(after, victim)
+    for m in (before, after):
+        takers = [n for n in survivors if victim in wanted_addresses(m, n, fleet=True, fenced=False, draining=False)]
+        assert takers == [holder]
+    # The refused node itself (restarting) holds nothing of the others', and a fenced holder nothing.
+    assert wanted_addresses(before, holder, fleet=True, fenced=True, draining=False) == frozenset()
+
+
+def test_a_refused_node_that_drains_keeps_its_address_and_a_map_without_refusals_moves_nothing():
+    drained = ServingMap(epoch=5, owners={1: "p1", 2: "p1", 3: "p3"}, nodes=NODES, vacant=frozenset({"p2"}),
+                         draining=frozenset({"p2"}), refused=frozenset({"p2"}),
+                         stand_ins=stand_in_duties({1: "p1", 2: "p1", 3: "p3"}, NODES, {"p2"}, {"p2"}))
+    assert down_nodes(drained) == frozenset() and address_holder(drained, "p2") is None
+    plain = ServingMap(epoch=5, owners={1: "p1", 2: "p2", 3: "p3"}, nodes=NODES)
+    assert down_nodes(plain) == frozenset() and address_holder(plain, "p2") is None
+    assert wanted_addresses(plain, "p1", fleet=True, fenced=False, draining=False) == {"p1"}
+
+
 def test_the_holder_listens_on_every_port_of_the_down_nodes_address():
     m = fleet_map({1: "p1", 2: "p2", 3: "p1"}, vacant={"p3"})
     got = floating_stand_ins(m, "p1", {1, 2, 3}, {"p1", "p3"})

@@ -84,6 +84,25 @@ def test_silence_and_refusal_still_end_liveness():
     assert not view.is_live("b", 1.06)
 
 
+def test_refused_peers_are_those_heard_once_and_refused_since():
+    view = Liveness("a", ["b", "c", "d"], SUSPECT)
+    assert view.refused_peers() == frozenset()
+    view.refused("d", 0.1)                                # never heard (not started yet): not counted
+    view.heard(Beat("b", INC, 1, True), 0.2)
+    view.heard(Beat("c", INC, 1, True), 0.2)
+    assert view.refused_peers() == frozenset()
+    view.refused("b", 0.3)                                # b's process is gone
+    first = view.refused_peers()
+    assert first == {"b"} and view.refused_peers() is first  # kept while nothing changes
+    view.heard(Beat("c", INC, 2, True), 0.4)              # another peer's beat changes nothing
+    assert view.refused_peers() is first
+    view.heard(Beat("b", b"\x02" * 8, 1, True), 5.0)      # b restarted: heard again
+    assert view.refused_peers() == frozenset()
+    view.refused("c", 5.1)
+    view.set_peers(["b", "d"])                            # c left the fleet
+    assert view.refused_peers() == frozenset()
+
+
 def test_an_expiry_passing_after_the_last_judgement_stays_a_timer_until_judged():
     # The member judges the peers (live) and a few ms later asks when to wake next; a peer
     # whose expiry fell between the two must still wake it (at once), not the next beat.

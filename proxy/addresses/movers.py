@@ -6,10 +6,11 @@ Netlink, not ``ip addr``: a takeover is on the failover's critical path, and a p
 cost 3-9 ms on a quiet machine and up to ~100 ms under load (two per take: the ownership check's
 read and the add), against 0.6-2 ms for the same requests over netlink. The larger cost was the
 gratuitous ARP's socket (``send_frame``). The netlink socket is kept open too (:class:`Netlink`):
-pyroute2's ``IPRoute()`` runs its own event loop per instance, and opening one per request made
-a take cost 8 ms on a quiet machine and 39 ms p50 (54 max) from a process whose loop was busy
-80% of the time, against 2.5 and 11 ms on one socket kept open: every blocking call hands the
-GIL back and forth, which a busy loop makes dear (BENCHMARKS.md, session 27).
+pyroute2's ``IPRoute()`` runs its own event loop per instance, and opening one per request (from
+the loop's default executor) made a take cost 6 ms p50 on a quiet machine and 31 ms from a
+process whose loop was busy 80% of the time, against 2.4 and 11 ms on one socket kept open in a
+thread of its own: every blocking call hands the GIL back and forth, which a busy loop makes
+dear (BENCHMARKS.md, session 27).
 
 ``AddressMover(config)`` is the one class for every kind: what differs is the plan. Each I/O
 primitive is injected, so that the mover is tested without root (``tests/unit``).
@@ -96,10 +97,6 @@ class Netlink:
                     if attempt:
                         raise
             raise AssertionError("unreachable")  # pragma: no cover
-
-    def close(self) -> None:
-        with self._lock:
-            self._close_locked()
 
     def _close_locked(self) -> None:
         ipr, self._ipr = self._ipr, None

@@ -146,6 +146,10 @@ class MemberConfig:
     broker_grace: float = 0.0
     quorum_lease: float = 1.5
     commit_timeout: float = 5.0
+    # The nodes' advertised addresses float (an address mover, proxy.addresses): the map then
+    # names the peers whose host refused a heartbeat, whose address floats before the commit
+    # that marks them down (ServingMap.refused). Without a mover nothing would read it.
+    floating_addresses: bool = False
 
     def __attrs_post_init__(self) -> None:
         self.validate()

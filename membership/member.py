@@ -40,6 +40,7 @@ from membership.control import MemberCore, RaftView
 from membership.election import NO_BEAT, LeaderBeat, append_entries_period, claimed_by_a_peer, leader_beat
 from membership.formats import SUPPORTED, FormatRange
 from membership.heartbeat import Heartbeat
+from membership.liveness import NOBODY
 from membership.raft import RaftReplica
 from membership.roster import ChangeRefused, check_add, check_remove, current_roster
 from membership.serving import ServingMap
@@ -449,7 +450,7 @@ class Member:
         self._execute(raft, self._core.tick(now, live, heard_all, view, isolated=hb.isolated(now),
                                             leader_beat=self._leader_beat(hb, leader, term, live),
                                             hearing=hb.view.hearing(now), heard_at=hb.view.heard_at(),
-                                            refused=hb.view.refused_peers()))
+                                            refused=hb.view.refused_peers() if self.config.floating_addresses else NOBODY))
         if role == "leader":
             raft.set_append_entries_period(append_entries_period(
                 self.config.append_entries_period, self.config.legacy_append_entries_period, hb.legacy_peers()))

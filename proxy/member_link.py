@@ -19,6 +19,7 @@ from membership.config import ConfigError as MemberConfigError
 from membership.config import MemberConfig, MemberSpec
 from membership.member import Member
 from membership.serving import ServingMap
+from proxy.addresses.config import NONE as NO_MOVER
 from proxy.config import Config, ConfigError, proxy_nodes
 from proxy.datapath import DataPath
 from proxy.hosts import is_wildcard, join_host_port
@@ -47,7 +48,8 @@ def member_config(config: Config, node_id: str) -> MemberConfig:
                             raft_min_timeout=f.raft_min_timeout_s, raft_max_timeout=f.raft_max_timeout_s,
                             connection_timeout=max(1.0, f.raft_max_timeout_s),
                             suspect_timeout=f.dead_after_s, quorum_lease=f.lease_s,
-                            rebalance_delay=f.rebalance_delay_s, broker_grace=config.release_after_s)
+                            rebalance_delay=f.rebalance_delay_s, broker_grace=config.release_after_s,
+                            floating_addresses=config.addresses.kind != NO_MOVER)
     except MemberConfigError as exc:
         raise ConfigError(_FIELD.get(exc.field, f"fleet.{exc.field}"), str(exc)) from None
 

@@ -665,3 +665,19 @@ def test_an_isolated_fence_holds_the_connections_silent_and_drops_them_when_it_l
     dp.registry = attrs.make_class("Reg", ["pairs"])(set(stalled))
     DataPath._fenced(dp)
     assert stalled[0].aborted is not None and not stalled[0].held and dp._held == []
+
+
+def test_only_a_fleet_with_a_mover_names_refused_peers_in_its_map():
+    """membership.member passes the heartbeat's refused peers on only when addresses float: on
+    loopback (no mover) the map stays what it was (nothing would read the field)."""
+    from proxy.member_link import member_config
+
+    def fleet(addresses: dict | None, floating: list[str | None]) -> dict:
+        raw = raw_config(addresses, floating)
+        raw["fleet"] = {"password": "pw"}
+        for i, node in enumerate(raw["nodes"]):
+            node["raft_port"] = 9500 + i
+        return raw
+
+    assert member_config(parse(fleet({"mover": "netns"}, ["198.18.0.11", "198.18.0.12"])), "p1").floating_addresses
+    assert not member_config(parse(fleet(None, [None, None])), "p1").floating_addresses

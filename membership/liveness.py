@@ -184,8 +184,8 @@ class Liveness:
         self._hearing_memo: tuple[float, int, frozenset[str], float | None] | None = None
         self._live_memo: tuple[frozenset[str], int, frozenset[str]] | None = None
         self._expiry_memo: tuple[int, float, float] | None = None
-        # refused_peers: (_refusals, the set); _refusals counts refusals and datagrams from a peer
-        # that was refused once (the only inputs that change the set).
+        # refused_peers: (_refusals, the set); _refusals counts refusals and the datagrams that take
+        # a peer out of the set (the only inputs that change it).
         self._refusals = 0
         self._refused_memo: tuple[int, frozenset[str]] = (0, NOBODY)
 
@@ -213,9 +213,9 @@ class Liveness:
             return False
         self._last[peer] = (beat.incarnation, beat.seq)
         self._changes += 1
-        if peer in self._refused:
-            self._refusals += 1
         before = self._heard.get(peer)
+        if before is not None and self._refused.get(peer, float("-inf")) >= before:
+            self._refusals += 1  # it was in refused_peers(): heard again, it leaves it
         self._heard[peer] = now
         kept = self._hearing_memo
         # A peer in the kept hearing set heard again, no earlier than before: still heard wherever
@@ -321,7 +321,7 @@ class Liveness:
         heard = [self._heard.get(p) for p in self.peers]
         if any(t is None for t in heard):
             return False
-        if any(self._refused.get(p, float("-inf")) >= self._heard[p] for p in self.peers):
+        if self.refused_peers():
             return False
         times = [t for t in heard if t is not None]
         return max(times) - min(times) <= together_s

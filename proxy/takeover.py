@@ -138,7 +138,7 @@ def address_holder(serving: ServingMap, vacant: str) -> str | None:
         return None  # draining (keeps its address) or not vacant at all
     candidates = {s.node for s in serving.stand_ins if s.vacant == vacant and s.listener == BOOTSTRAP}
     if serving.degraded or vacant not in serving.vacant:
-        candidates |= {n.id for n in serving.nodes} - serving.draining - {vacant}
+        candidates |= {n.id for n in serving.nodes} - serving.draining
     candidates -= down
     if not candidates:
         return None

@@ -197,6 +197,8 @@ class DataPath:
 
     # ----------------------------------------------------------- lifecycle
     async def start(self, discovery_timeout: float = 60.0) -> None:
+        if self.floating is not None:
+            self.floating.warm_up()  # in the mover's thread, beside the discovery
         await self.discovery.first(discovery_timeout)
         await self.listeners.bind_bootstrap()
         self.registry.spawn(self.discovery.refresh_loop())

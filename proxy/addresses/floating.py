@@ -27,7 +27,7 @@ from proxy.addresses.movers import AddressMover, MoverError, build_mover
 from proxy.addresses.peers import PeerClients
 from proxy.addresses.plan import AddressRefused, FloatingAddress
 from proxy.addresses.tickle import send_segments, tickle_segments
-from proxy.takeover import AddressReconciler, Fence, ReleaseAddress, TakeAddress, wanted_addresses
+from proxy.takeover import AddressReconciler, Fence, ReleaseAddress, TakeAddress, down_nodes, wanted_addresses
 
 log = logging.getLogger("kproxy.addresses")
 
@@ -50,6 +50,13 @@ ANNOUNCE_AGAIN_S = (1.5, 4.0)
 # that claimed this address and gave it back, an announcement lost to `locktime`), it is put
 # right within this, not after the entry fails (~10 s, then the clients' requests time out).
 REFRESH_S = 2.0
+# A survivor gives a node that came back its address this long after the map says so, not at
+# once: the node takes it at the same map (milliseconds once its mover is warm, prepare()), and
+# its gratuitous ARP then points the clients at it before the survivor resets the clients it
+# has there. Released first, the address was on no host until the node's take: the clients'
+# reconnects (the survivor resets them as it gives the address back) got no answer, and a SYN
+# without an answer is sent again only after 1 s.
+HANDOVER_WAIT_S = 0.15
 
 
 def floating_address(config: MoverConfig, node: str, host: str) -> FloatingAddress:
@@ -84,6 +91,17 @@ class FloatingAddresses:
         self._lock = asyncio.Lock()
         self._unreachable: frozenset[str] = frozenset()  # of the last map seen
 
+    def warm_up(self) -> None:
+        """Open what a take uses now, in the mover's thread (:meth:`AddressMover.prepare`), so that
+        this node's first take, when its address comes back to it, costs milliseconds."""
+        def prepare() -> None:
+            try:
+                self.mover.prepare()
+            except (MoverError, OSError) as exc:
+                log.warning("floating-address mover not prepared (its first take opens it)",
+                            extra={"reason": str(exc)})
+        self._mover_thread.submit(prepare)
+
     @property
     def held(self) -> frozenset[str]:
         """The nodes whose address this host holds now."""
@@ -97,6 +115,8 @@ class FloatingAddresses:
                                       draining=draining)
             for action in self.reconciler.plan(wanted, serving, (self.node_id, self.own_host)):
                 address = floating_address(self.config, action.node, action.host)
+                if isinstance(action, ReleaseAddress) and self.handing_over(action.node, serving):
+                    await asyncio.sleep(HANDOVER_WAIT_S)  # its node takes it meanwhile (see the constant)
                 if isinstance(action, ReleaseAddress) and action.node != self.node_id \
                         and self.before_release is not None:
                     # While the address is still ours: once it is gone this host can send its
@@ -122,6 +142,13 @@ class FloatingAddresses:
                 if action.node != self.node_id:
                     self._to_tickle.append(action)
             return self.held
+
+    def handing_over(self, node: str, serving: ServingMap) -> bool:
+        """Is another node's address, held here, going back to that node itself (it is up in
+        ``serving`` and not down: it takes it at this map)? Not when this node is fenced (it
+        gives everything back at once) or when the address goes on to another survivor."""
+        return (node != self.node_id and not self.fence.fenced and serving.node(node) is not None
+                and node not in down_nodes(serving) and not serving.degraded)
 
     def status(self) -> dict[str, object]:
         """For ``/status``: the floating addresses this host holds (by the node they belong to),

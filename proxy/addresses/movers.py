@@ -153,19 +153,30 @@ _packet_sockets: dict[str, socket.socket] = {}
 _packet_lock = threading.Lock()
 
 
+def _packet_socket_locked(interface: str) -> socket.socket:
+    s = _packet_sockets.get(interface)
+    if s is None:
+        s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+        try:
+            s.bind((interface, 0))
+        except OSError:
+            s.close()
+            raise
+        _packet_sockets[interface] = s
+    return s
+
+
+def open_packet_socket(interface: str) -> None:
+    """Open (and keep) the interface's socket for gratuitous ARP frames now (needs CAP_NET_RAW)."""
+    with _packet_lock:
+        _packet_socket_locked(interface)
+
+
 def send_frame(interface: str, frame: bytes) -> None:
     """One raw Ethernet frame out of ``interface`` (needs CAP_NET_RAW). A send that fails closes
     the interface's socket (the link may have gone or come back as another): the next opens anew."""
     with _packet_lock:
-        s = _packet_sockets.get(interface)
-        if s is None:
-            s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
-            try:
-                s.bind((interface, 0))
-            except OSError:
-                s.close()
-                raise
-            _packet_sockets[interface] = s
+        s = _packet_socket_locked(interface)
         try:
             s.send(frame)
         except OSError:
@@ -190,10 +201,24 @@ class AddressMover:
     mac_of: Callable[[str], bytes] = read_mac
     send: Callable[[str, bytes], None] = send_frame
     arp_announce: Callable[[str], tuple[int, int]] = read_arp_announce
+    open_sender: Callable[[str], None] = open_packet_socket
 
     @property
     def kind(self) -> str:
         return self.config.kind
+
+    def prepare(self) -> None:
+        """Open now what a take uses (``netns``/``linux``: pyroute2, imported, and its netlink
+        socket; the link's MAC; the ARP socket). A node's first take paid for them: 0.4-1.9 s in a
+        node just restarted (emulated hosts, session 27's kill drills), the time between the
+        survivor giving its address back and this node holding it, in which the address is
+        on no host and its clients' SYNs go unanswered (retried after 1 s). Raises what they
+        raise (``OSError``, ``MoverError``); the caller logs it."""
+        if self.config.kind not in (NETNS, LINUX) or self.config.interface is None:
+            return
+        self.link_addresses(self.config.interface)
+        self.mac_of(self.config.interface)
+        self.open_sender(self.config.interface)
 
     def take(self, address: FloatingAddress) -> None:
         """Hold ``address`` on this host and announce it (``AddressRefused`` if not ours to take)."""

@@ -19,6 +19,7 @@ from membership.serving import BOOTSTRAP, ServingMap, stand_in_duties
 from proxy.addresses import floating
 from proxy.addresses.config import parse_mover_config
 from proxy.addresses.floating import FloatingAddresses
+from proxy.addresses.movers import AddressMover
 from proxy.addresses.peers import (CLIENTS_POLL_S, POLL_TIMEOUT_S, SETTLE_S, SMALL_LIST, SMALL_LIST_GAP_S,
                                    TIMEOUT_RETRY_S, ChangeCounter, PeerClients, listing)
 from proxy.admin import MAX_CLIENTS_WAIT_S, clients_query
@@ -464,6 +465,71 @@ def test_before_another_nodes_address_is_given_back_its_clients_here_are_vacated
     asyncio.run(run())
     assert mover.calls == ["take 198.18.0.11/24", "take 198.18.0.12/24",
                            "vacate p2 198.18.0.12", "release 198.18.0.12/24", "release 198.18.0.11/24"]
+
+
+def test_an_address_going_back_to_its_node_is_released_after_the_handover_wait_and_only_then(monkeypatch):
+    # The node that came back takes its address at the same map; released at once, the address
+    # would be on no host until that take, and the clients' SYNs would go unanswered (1 s).
+    monkeypatch.setattr(floating, "HANDOVER_WAIT_S", 0.2)
+    mover = FakeMover()
+    shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
+                              confirm_s=0.5, mover=mover)  # type: ignore[arg-type]
+    at: dict[str, float] = {}
+
+    async def vacate(node: str, host: str) -> None:
+        at[node] = time.monotonic()
+
+    shell.before_release = vacate
+    back = fleet_map({1: "p1", 2: "p2", 3: "p3"})  # p2 is back
+
+    async def run() -> float:
+        await shell.sync(fleet_map({1: "p1", 2: "p1", 3: "p3"}, vacant={"p2"}), draining=False)
+        t0 = time.monotonic()
+        assert await shell.sync(back, draining=False) == {"p1"}
+        return t0
+
+    t0 = asyncio.run(run())
+    assert at["p2"] - t0 >= 0.2
+    assert mover.calls[-1] == "release 198.18.0.12/24"
+    assert shell.handing_over("p2", back) is True
+    assert shell.handing_over("p3", fleet_map({1: "p1", 2: "p2", 3: "p1"}, vacant={"p3"})) is False  # still down
+    assert shell.handing_over("p1", back) is False  # this node's own address
+    assert shell.handing_over("p9", back) is False  # not in the map (removed)
+    assert shell.handing_over("p2", attrs.evolve(back, degraded=True)) is False
+    shell.fence.fenced = True
+    assert shell.handing_over("p2", back) is False  # fenced: everything goes back at once
+
+
+def test_an_address_handed_on_to_another_survivor_is_not_held_back(monkeypatch):
+    monkeypatch.setattr(floating, "HANDOVER_WAIT_S", 5.0)
+    mover = FakeMover()
+    shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
+                              confirm_s=0.5, mover=mover)  # type: ignore[arg-type]
+    m = fleet_map({1: "p1", 2: "p1", 3: "p1"}, vacant={"p2"})
+
+    async def run() -> None:
+        await shell.sync(m, draining=False)
+        t0 = time.monotonic()
+        assert await shell.sync(m, draining=True) == {"p1"}  # draining: p2's address goes to p3
+        assert time.monotonic() - t0 < 1.0
+
+    asyncio.run(run())
+    assert mover.calls[-1] == "release 198.18.0.12/24"
+
+
+def test_the_mover_opens_what_a_take_uses_before_the_first_take():
+    opened: list[str] = []
+    mover = AddressMover(parse_mover_config({"mover": "netns", "interface": "eth9"}),
+                         link_addresses=lambda i: opened.append(f"netlink {i}") or [],
+                         mac_of=lambda i: opened.append(f"mac {i}") or b"\x02" * 6,
+                         open_sender=lambda i: opened.append(f"arp {i}"))
+    mover.prepare()
+    assert opened == ["netlink eth9", "mac eth9", "arp eth9"]
+    quiet = AddressMover(parse_mover_config({"mover": "command", "command": ["true"],
+                                                           "networks": ["198.18.0.0/24"]}),
+                         link_addresses=lambda i: opened.append("no"), open_sender=lambda i: opened.append("no"))
+    quiet.prepare()  # a command mover has nothing to open
+    assert "no" not in opened
 
 
 # -------------------------------------------------------------------------- config

@@ -146,6 +146,7 @@ class Member:
         self._core.started(self._clock())
         self._raft = raft
         raft.on_link_lost(self._on_link_lost)
+        raft.catch_up_at_once()
         raft.cap_poll_wait(self._seconds_to_next_timer)
         raft.addOnTickCallback(self._on_tick)
         self._started.set()

@@ -56,7 +56,7 @@ REFRESH_S = 2.0
 # has there. Released first, the address was on no host until the node's take: the clients'
 # reconnects (the survivor resets them as it gives the address back) got no answer, and a SYN
 # without an answer is sent again only after 1 s.
-HANDOVER_WAIT_S = 0.15
+HANDOVER_WAIT_S = 0.25
 
 
 def floating_address(config: MoverConfig, node: str, host: str) -> FloatingAddress:

@@ -19,12 +19,12 @@ import pysyncobj.tcp_connection as tcp_connection
 import pytest
 from pysyncobj.version import VERSION
 
-from membership.commands import Drain
+from membership.commands import Drain, SetBrokers
 from membership.config import MemberConfig, MemberSpec
 from membership.raft import BACKSTOP_SPREAD, MIN_WAIT_S, PINNED_PYSYNCOBJ, RaftReplica, bind_outgoing
 from tests.integration.test_raft import free_port
 from tests.integration.test_raft_inprocess import wait_until
-from topology import ProxyNode
+from topology import Broker, ProxyNode
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -181,3 +181,35 @@ def test_bind_outgoing_binds_pysyncobj_tcp_sockets(monkeypatch):
         assert u.getsockname() == ("0.0.0.0", 0)  # only TCP is bound
     finally:
         u.close()
+
+
+def test_a_peer_that_joins_late_is_caught_up_at_once_not_at_the_idle_period():
+    # The leader's idle append_entries period is set to 30 s here: without catch_up_at_once a
+    # member started after a commit would learn it only at the leader's next period (its link
+    # coming up and its refusal of entries that do not follow its empty log each waited one).
+    configs = _configs({"a": "127.0.0.46", "b": "127.0.0.47", "c": "127.0.0.48"})
+    rafts = {p: RaftReplica(configs[p]) for p in ("a", "b")}
+    late: RaftReplica | None = None
+    try:
+        for r in rafts.values():
+            r.catch_up_at_once()
+            r.waitBinded()
+        wait_until("a leader of two", lambda: "leader" in {r.role() for r in rafts.values()},
+                   timeout=election_wait(configs["a"]))
+        for r in rafts.values():
+            r.set_append_entries_period(30.0)
+        done = threading.Event()
+        rafts["a"].submit(SetBrokers((Broker(1, "kafka1", 9092),)), lambda _result, _err: done.set())
+        assert done.wait(10), "a command committed by the two"
+        leader = next(r for r in rafts.values() if r.role() == "leader")
+        leader.set_append_entries_period(30.0)
+        late = RaftReplica(configs["c"])
+        late.catch_up_at_once()
+        late.set_append_entries_period(30.0)
+        late.waitBinded()
+        # Within 2 s: its own election timer (3-4.5 s, a bare replica) must not fire first.
+        wait_until("the late member has the committed state", lambda: late.state.broker_ids() == {1},
+                   timeout=2)
+    finally:
+        for r in [*rafts.values(), *([late] if late is not None else [])]:
+            _destroy(r)

@@ -230,7 +230,9 @@ class NodeRuntime:
                                  after, wait_s)
         known = {n: [p.to_json() for p in self.peer_clients.of(n)] for n in self.peer_clients.peers} \
             if self.peer_clients else {}
-        return {"clients": [p.to_json() for p in pairs], "version": version, "known": known}
+        floating = self.datapath.floating
+        return {"clients": [p.to_json() for p in pairs], "version": version, "known": known,
+                "holds_own": floating is not None and self.node_id in floating.held}
 
     def _share_clients(self) -> None:
         """With floating addresses: the fence asks the member whether it has quorum, and the
@@ -240,6 +242,7 @@ class NodeRuntime:
         if floating is None or self.link is None:
             return
         self.datapath.registry.on_change = self.clients_version.bump
+        floating.on_own_change = self.clients_version.bump  # the peers' long polls learn it at once
         member = self.link.member
         floating.has_quorum = lambda: member.status().view.has_quorum
         if self.config.admin_token is None or (self.config.security is not None and self.config.security.admin):

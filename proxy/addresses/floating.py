@@ -50,13 +50,16 @@ ANNOUNCE_AGAIN_S = (1.5, 4.0)
 # that claimed this address and gave it back, an announcement lost to `locktime`), it is put
 # right within this, not after the entry fails (~10 s, then the clients' requests time out).
 REFRESH_S = 2.0
-# A survivor gives a node that came back its address this long after the map says so, not at
-# once: the node takes it at the same map (milliseconds once its mover is warm, prepare()), and
-# its gratuitous ARP then points the clients at it before the survivor resets the clients it
-# has there. Released first, the address was on no host until the node's take: the clients'
+# A survivor gives a node that came back its address only once the node holds it itself (its
+# answer to the survivor's long poll of its clients says so, proxy.addresses.peers), at the
+# latest after HANDOVER_MAX_S; without that poll (tickles off) after HANDOVER_WAIT_S. Released
+# at the map that marks the node up, the address was on no host until the node took it (it
+# takes it once it serves, up to 1.7 s later after a restart, session 28): the clients'
 # reconnects (the survivor resets them as it gives the address back) got no answer, and a SYN
-# without an answer is sent again only after 1 s.
+# without an answer is sent again only after 1 s. The node's gratuitous ARP comes first now.
 HANDOVER_WAIT_S = 0.25
+HANDOVER_MAX_S = 3.0
+HANDOVER_POLL_S = 0.02
 
 
 def floating_address(config: MoverConfig, node: str, host: str) -> FloatingAddress:
@@ -90,6 +93,11 @@ class FloatingAddresses:
         self.before_release: Callable[[str, str], Awaitable[None]] | None = None
         self._lock = asyncio.Lock()
         self._unreachable: frozenset[str] = frozenset()  # of the last map seen
+        # Called when this host takes or gives back its own address (the runtime bumps its
+        # client list's version: the peers' long polls answer at once, see HANDOVER_MAX_S).
+        self.on_own_change: Callable[[], None] | None = None
+        self._last: tuple[ServingMap, bool] | None = None  # the newest (map, draining) sync saw
+        self._handovers: set[str] = set()  # nodes whose address waits for them to hold it
 
     def warm_up(self) -> None:
         """Open what a take uses now, in the mover's thread (:meth:`AddressMover.prepare`), so that
@@ -111,37 +119,90 @@ class FloatingAddresses:
         """Take and release until the host holds what ``serving`` asks; returns what it holds."""
         async with self._lock:
             loop = asyncio.get_running_loop()
-            wanted = wanted_addresses(serving, self.node_id, fleet=self.fleet, fenced=self.fence.fenced,
-                                      draining=draining)
-            for action in self.reconciler.plan(wanted, serving, (self.node_id, self.own_host)):
+            self._last = (serving, draining)
+            for action in self.reconciler.plan(self._wanted(), serving, (self.node_id, self.own_host)):
                 address = floating_address(self.config, action.node, action.host)
-                if isinstance(action, ReleaseAddress) and self.handing_over(action.node, serving):
-                    await asyncio.sleep(HANDOVER_WAIT_S)  # its node takes it meanwhile (see the constant)
-                if isinstance(action, ReleaseAddress) and action.node != self.node_id \
-                        and self.before_release is not None:
-                    # While the address is still ours: once it is gone this host can send its
-                    # clients nothing (no RST, no answer), and a client waiting for a response
-                    # would wait out its request timeout (seen: 10-60 s stalls after heals).
-                    await self.before_release(action.node, action.host)
-                step = self.mover.take if isinstance(action, TakeAddress) else self.mover.release
+                if isinstance(action, ReleaseAddress):
+                    if self.handing_over(action.node, serving):
+                        self._hand_over_later(action)  # once its node holds it (HANDOVER_MAX_S)
+                    else:
+                        await self._release(action, address)
+                    continue
                 started = self.clock()
                 try:
-                    await loop.run_in_executor(self._mover_thread, step, address)
+                    await loop.run_in_executor(self._mover_thread, self.mover.take, address)
                 except (MoverError, AddressRefused, OSError) as exc:
                     log.warning("floating address not moved", extra={
                         "action": type(action).__name__, "node": action.node, "address": action.host,
                         "reason": str(exc)})
                     continue
-                if isinstance(action, ReleaseAddress):
-                    self.reconciler.released(action)
-                    continue
                 self.reconciler.taken(action)
+                if action.node == self.node_id and self.on_own_change is not None:
+                    self.on_own_change()
                 log.info("holding a floating address", extra={
                     "node": action.node, "address": action.host, "ms": round((self.clock() - started) * 1e3, 1)})
                 loop.create_task(self._announce_again(action, address))
                 if action.node != self.node_id:
                     self._to_tickle.append(action)
             return self.held
+
+    def _wanted(self) -> frozenset[str]:
+        assert self._last is not None
+        serving, draining = self._last
+        return wanted_addresses(serving, self.node_id, fleet=self.fleet, fenced=self.fence.fenced, draining=draining)
+
+    async def _release(self, action: ReleaseAddress, address: FloatingAddress) -> None:
+        """Give ``address`` back (the caller holds the lock); logged and kept if the mover fails."""
+        if action.node != self.node_id and self.before_release is not None:
+            # While the address is still ours: once it is gone this host can send its
+            # clients nothing (no RST, no answer), and a client waiting for a response
+            # would wait out its request timeout (seen: 10-60 s stalls after heals).
+            await self.before_release(action.node, action.host)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._mover_thread, self.mover.release, address)
+        except (MoverError, AddressRefused, OSError) as exc:
+            log.warning("floating address not moved", extra={
+                "action": type(action).__name__, "node": action.node, "address": action.host, "reason": str(exc)})
+            return
+        self.reconciler.released(action)
+        if action.node == self.node_id and self.on_own_change is not None:
+            self.on_own_change()
+
+    def _hand_over_later(self, action: ReleaseAddress) -> None:
+        if action.node in self._handovers:
+            return
+        self._handovers.add(action.node)
+        asyncio.get_running_loop().create_task(self._hand_over(action))
+
+    async def _hand_over(self, action: ReleaseAddress) -> None:
+        """Give ``action``'s address back to its node once it holds the address itself (or after
+        the longest wait), if this host still holds it and the newest map still gives it back."""
+        try:
+            waited = await self._until_held_by_its_node(action.node)
+            async with self._lock:
+                if self.reconciler.held.get(action.node) != action.host or action.node in self._wanted():
+                    return  # given back meanwhile (fenced), or wanted here again (its node went down)
+                log.info("handing a floating address back to its node", extra={
+                    "node": action.node, "address": action.host, "waited_ms": round(waited * 1e3, 1)})
+                await self._release(action, floating_address(self.config, action.node, action.host))
+        finally:
+            self._handovers.discard(action.node)
+
+    async def _until_held_by_its_node(self, node: str) -> float:
+        """Wait until ``node`` says it holds its own address (the peers' long poll), at most
+        HANDOVER_MAX_S; HANDOVER_WAIT_S without a poll of that node. Returns the time waited."""
+        started = self.clock()
+        peers = self.peer_clients
+        if peers is None or node not in peers.peers:
+            await asyncio.sleep(HANDOVER_WAIT_S)
+            return self.clock() - started
+        while not peers.holds_own(node):
+            if self.clock() - started >= HANDOVER_MAX_S:
+                log.warning("handing a floating address back to its node, which has not said it holds it",
+                            extra={"node": node, "waited_s": HANDOVER_MAX_S})
+                break
+            await asyncio.sleep(HANDOVER_POLL_S)
+        return self.clock() - started
 
     def handing_over(self, node: str, serving: ServingMap) -> bool:
         """Is another node's address, held here, going back to that node itself (it is up in
@@ -172,8 +233,8 @@ class FloatingAddresses:
             await asyncio.sleep(at - waited)
             waited = at
             async with self._lock:  # not while a sync takes or releases it
-                if self.reconciler.held.get(action.node) != action.host:
-                    return  # given back meanwhile
+                if self.reconciler.held.get(action.node) != action.host or action.node in self._handovers:
+                    return  # given back meanwhile, or going back to its node (which announces it)
                 if not await self._announce(address):
                     return
 
@@ -243,7 +304,8 @@ class FloatingAddresses:
         sent = 0
         async with self._lock:
             for node, host in sorted(self.reconciler.held.items()):
-                sent += await self._announce(floating_address(self.config, node, host))
+                if node not in self._handovers:  # its node announces it now
+                    sent += await self._announce(floating_address(self.config, node, host))
         return sent
 
     def map_seen(self, serving: ServingMap) -> bool:

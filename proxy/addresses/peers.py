@@ -112,6 +112,9 @@ class PeerClients:
         self._versions: dict[str, int | None] = {}
         self._answered: dict[str, float] = {}  # node -> monotonic time of its last answer
         self._failing: dict[str, str] = {}  # node -> why its last poll failed (until one succeeds)
+        # node -> whether its last answer said it holds its own floating address (None: unknown,
+        # its last poll failed, or a node from before this was answered)
+        self._holds_own: dict[str, bool | None] = {}
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(node, fetch or ClientsFetcher()),
                                           name=f"kproxy-peer-clients-{node}", daemon=True) for node in self.peers]
@@ -126,6 +129,10 @@ class PeerClients:
         return {"pairs": len(self._latest.get(node, ())),
                 "answer_age_s": None if answered is None else round(time.monotonic() - answered, 3),
                 "version": self._versions.get(node), "failing": self._failing.get(node)}
+
+    def holds_own(self, node: str) -> bool | None:
+        """Did ``node``'s last answer say it holds its own floating address (None: unknown)?"""
+        return self._holds_own.get(node)
 
     def at(self, address: str, owner: str) -> tuple[ClientPair, ...]:
         """Every client the peers last listed on ``address``, ``owner``'s floating address: the
@@ -154,7 +161,9 @@ class PeerClients:
             raw = body.get("clients", [])
             pairs = tuple(ClientPair.from_json(v) for v in list(raw)[:MAX_CLIENT_PAIRS])
             version = body.get("version")
+            holds = body.get("holds_own")
         except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:
+            self._holds_own[node] = None
             reason = f"{type(exc).__name__}: {exc}"
             if node not in self._failing:  # once per spell of failures, not once per poll
                 log.info("peer's client list not read: keeping its last", extra={
@@ -167,6 +176,7 @@ class PeerClients:
         if self._failing.pop(node, None) is not None:
             log.info("peer's client list read again", extra={"node": node, "pairs": len(pairs)})
         self._latest[node] = pairs  # one assignment: readers on the loop see the old or the new
+        self._holds_own[node] = holds if isinstance(holds, bool) else None
         self._answered[node] = time.monotonic()
         self._versions[node] = version if isinstance(version, int) else None
         if version is None:

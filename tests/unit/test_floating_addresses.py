@@ -291,6 +291,30 @@ def test_the_clients_of_an_address_include_those_a_peer_took_standing_in_there()
     assert [(p.local_port, p.client_port) for p in peers.at("198.18.0.11", "p1")] == [(9101, 41000)]
 
 
+def test_a_peers_answer_says_whether_it_holds_its_own_address_and_a_failed_poll_forgets_it():
+    import httpx
+
+    script: list = [{"clients": [], "version": 1, "holds_own": False}, {"clients": [], "version": 2, "holds_own": True},
+                    httpx.ConnectError("refused"), {"clients": [], "version": 1}]
+
+    def fetch(url: str, token: str, timeout_s: float) -> dict:
+        step = script.pop(0)
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+    peers = PeerClients({"p2": "http://198.18.0.112:9400"}, "t", fetch=fetch)
+    assert peers.holds_own("p2") is None  # never answered
+    peers.poll("p2")
+    assert peers.holds_own("p2") is False
+    peers.poll("p2")
+    assert peers.holds_own("p2") is True
+    peers.poll("p2")
+    assert peers.holds_own("p2") is None  # restarting, frozen, cut off: unknown, not its last word
+    peers.poll("p2")
+    assert peers.holds_own("p2") is None  # a node that does not say
+
+
 def test_a_peer_without_versions_is_polled_every_poll_s_and_a_long_list_waits_too():
     body = {"clients": [[9092, "198.18.0.3", 40000 + i] for i in range(SMALL_LIST + 1)]}
     peers = PeerClients({"p2": "http://198.18.0.112:9400"}, "t", fetch=lambda u, t, s: body)
@@ -458,6 +482,7 @@ def test_before_another_nodes_address_is_given_back_its_clients_here_are_vacated
     async def run() -> None:
         await shell.sync(fleet_map({1: "p1", 2: "p1", 3: "p1"}, vacant={"p2"}), draining=False)
         await shell.sync(fleet_map({1: "p1", 2: "p2", 3: "p1"}), draining=False)  # p2 is back
+        await until_released(shell, "p2")  # handed over (no client poll here: HANDOVER_WAIT_S)
         now[0] = 2.0
         assert shell.fence.tick(now[0], 5) is True  # a stall: its own address goes too, no vacate
         await shell.sync(fleet_map({1: "p1", 2: "p2", 3: "p1"}), draining=False)
@@ -467,30 +492,114 @@ def test_before_another_nodes_address_is_given_back_its_clients_here_are_vacated
                            "vacate p2 198.18.0.12", "release 198.18.0.12/24", "release 198.18.0.11/24"]
 
 
-def test_an_address_going_back_to_its_node_is_released_after_the_handover_wait_and_only_then(monkeypatch):
-    # The node that came back takes its address at the same map; released at once, the address
-    # would be on no host until that take, and the clients' SYNs would go unanswered (1 s).
+async def until_released(shell: FloatingAddresses, node: str, timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while node in shell.held:
+        assert time.monotonic() < deadline, f"{node}'s address still held after {timeout_s} s"
+        await asyncio.sleep(0.005)
+
+
+class Polled:
+    """The peers' client lists as the shell reads them: only whether a node holds its address."""
+
+    def __init__(self, peers: tuple[str, ...]) -> None:
+        self.peers = {p: f"http://{p}" for p in peers}
+        self.holding: dict[str, bool | None] = {}
+
+    def holds_own(self, node: str) -> bool | None:
+        return self.holding.get(node)
+
+    def at(self, address, owner):
+        return ()
+
+
+def handover_shell(monkeypatch, polled: Polled | None) -> tuple[FloatingAddresses, FakeMover, dict[str, float]]:
     monkeypatch.setattr(floating, "HANDOVER_WAIT_S", 0.2)
+    monkeypatch.setattr(floating, "HANDOVER_MAX_S", 0.6)
     mover = FakeMover()
     shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
                               confirm_s=0.5, mover=mover)  # type: ignore[arg-type]
+    shell.peer_clients = polled  # type: ignore[assignment]
     at: dict[str, float] = {}
 
     async def vacate(node: str, host: str) -> None:
         at[node] = time.monotonic()
 
     shell.before_release = vacate
-    back = fleet_map({1: "p1", 2: "p2", 3: "p3"})  # p2 is back
+    return shell, mover, at
+
+
+DOWN_P2 = fleet_map({1: "p1", 2: "p1", 3: "p3"}, vacant={"p2"})
+BACK_P2 = fleet_map({1: "p1", 2: "p2", 3: "p3"})
+
+
+def test_an_address_going_back_to_its_node_is_released_once_the_node_says_it_holds_it(monkeypatch):
+    # Released at the map that marks the node up, the address was on no host until the node
+    # took it (it takes it once it serves): the clients' reconnects got no answer for 1 s.
+    polled = Polled(("p2", "p3"))
+    shell, mover, at = handover_shell(monkeypatch, polled)
 
     async def run() -> float:
-        await shell.sync(fleet_map({1: "p1", 2: "p1", 3: "p3"}, vacant={"p2"}), draining=False)
+        await shell.sync(DOWN_P2, draining=False)
+        assert await shell.sync(BACK_P2, draining=False) == {"p1", "p2"}  # still held: not yet
+        await asyncio.sleep(0.3)
+        assert "p2" in shell.held and "p2" not in at
+        assert await shell.refresh() == 1  # its own only: p2's is p2's to announce now
         t0 = time.monotonic()
-        assert await shell.sync(back, draining=False) == {"p1"}
+        polled.holding["p2"] = True
+        await until_released(shell, "p2")
         return t0
 
     t0 = asyncio.run(run())
-    assert at["p2"] - t0 >= 0.2
-    assert mover.calls[-1] == "release 198.18.0.12/24"
+    assert 0 <= at["p2"] - t0 < 0.2
+    assert mover.calls[-2:] == ["announce 198.18.0.11/24", "release 198.18.0.12/24"]
+
+
+def test_an_address_going_back_is_released_after_the_longest_wait_if_its_node_never_says_so(monkeypatch):
+    shell, mover, at = handover_shell(monkeypatch, Polled(("p2", "p3")))
+
+    async def run() -> float:
+        await shell.sync(DOWN_P2, draining=False)
+        t0 = time.monotonic()
+        await shell.sync(BACK_P2, draining=False)
+        await until_released(shell, "p2")
+        return t0
+
+    t0 = asyncio.run(run())
+    assert at["p2"] - t0 >= 0.6 and mover.calls[-1] == "release 198.18.0.12/24"
+
+
+def test_without_a_poll_of_the_node_the_address_goes_back_after_the_fixed_wait(monkeypatch):
+    shell, mover, at = handover_shell(monkeypatch, None)
+
+    async def run() -> float:
+        await shell.sync(DOWN_P2, draining=False)
+        t0 = time.monotonic()
+        await shell.sync(BACK_P2, draining=False)
+        await until_released(shell, "p2")
+        return t0
+
+    t0 = asyncio.run(run())
+    assert 0.2 <= at["p2"] - t0 < 0.6
+
+
+def test_an_address_whose_node_goes_down_again_during_the_handover_is_kept(monkeypatch):
+    shell, mover, at = handover_shell(monkeypatch, Polled(("p2", "p3")))
+
+    async def run() -> None:
+        await shell.sync(DOWN_P2, draining=False)
+        await shell.sync(BACK_P2, draining=False)
+        await shell.sync(DOWN_P2, draining=False)  # down again before it took its address
+        await asyncio.sleep(0.8)  # past the longest wait
+
+    asyncio.run(run())
+    assert "p2" in shell.held and at == {} and "release 198.18.0.12/24" not in mover.calls
+
+
+def test_handing_over_is_only_for_an_address_going_back_to_its_own_node():
+    shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
+                              confirm_s=0.5, mover=FakeMover())  # type: ignore[arg-type]
+    back = BACK_P2
     assert shell.handing_over("p2", back) is True
     assert shell.handing_over("p3", fleet_map({1: "p1", 2: "p2", 3: "p1"}, vacant={"p3"})) is False  # still down
     assert shell.handing_over("p1", back) is False  # this node's own address

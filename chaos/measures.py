@@ -267,6 +267,41 @@ def longest_silences(events: list[dict[str, Any]]) -> list[Silence]:
     return out
 
 
+NODE_BACK = "node_back"
+
+
+def handback_gaps(events: list[dict[str, Any]]) -> list[Silence]:
+    """Per node that came back (the fleet's ``node_back``: restarted, thawed, healed) and client
+    of its run: the longest interval between two consecutive successes of the client that ends
+    after the node came back and no later than the run's next fault (or its end): what the
+    fleet's handback costs a client (the node taking its address and identities back, the
+    survivors letting go; the map that marks the node up comes before ``node_back``, so an
+    interval that began before it counts). One that spans a fault is that fault's RTO."""
+    out: list[Silence] = []
+    for run_id, evs in sorted(_by_run(events).items()):
+        end_ns = max(e["ts_ns"] for e in evs)
+        faults = sorted(e["ts_ns"] for e in evs if e["source"] == FLEET and e["event"] == FAULT)
+        backs = sorted(e["ts_ns"] for e in evs if e["source"] == FLEET and e["event"] == NODE_BACK)
+        ok: dict[str, list[int]] = defaultdict(list)
+        families: dict[str, str] = {}
+        for e in evs:
+            if e["source"] == CLIENT and e["client_id"] is not None:
+                if e["family"] is not None:
+                    families[e["client_id"]] = min(families.get(e["client_id"], e["family"]), e["family"])
+                if e["event"] in SUCCESS_EVENTS:
+                    ok[e["client_id"]].append(e["ts_ns"])
+        for back in backs:
+            until = next((f for f in faults if f > back), end_ns)
+            since = max((f for f in faults if f <= back), default=0)
+            for client_id, times in sorted(ok.items()):
+                times.sort()
+                gaps = [(a, b) for a, b in zip(times, times[1:]) if a >= since and back < b <= until]
+                if gaps:
+                    a, b = max(gaps, key=lambda pair: pair[1] - pair[0])
+                    out.append(Silence(run_id, client_id, families.get(client_id, UNKNOWN), a, b))
+    return out
+
+
 def _max_gap_ns(first_ns: int, ok: list[int], w: FaultWindow) -> int:
     """The longest interval without a success that overlaps the window: between consecutive
     successes (the client's first event standing in for a success before its first one), the

@@ -130,6 +130,9 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         "max_gap_ms": kill.get("max_gap_ms"),
         "longest_silence_ms": {f: {k: v[k] for k in ("p50", "p99", "max")}
                                for f, v in (kill.get("longest_silence_ms") or {}).items()},
+        # From a node back to the next fault: what the handback costs each family.
+        "handback_gap_ms": {f: {k: v[k] for k in ("p50", "p99", "max")}
+                            for f, v in (kill.get("handback_gap_ms") or {}).items()},
         "detect_ms": fleet_kill["detect_ms"],
         "commit_ms": fleet_kill["commit_ms"],
         "failover_ms": fleet_kill["failover_ms"],

@@ -290,3 +290,24 @@ def test_longest_silence_covers_the_whole_run_not_only_the_fault_windows():
     out = summary.summarize_events(events)["longest_silence_ms"]
     assert out["aiokafka"]["max"] == 12_000.0 and out["aiokafka"]["longest"]["start_ns"] == 2300 * MS
     assert out["java"]["max"] == 1_600.0 and "kafka-python" not in out
+
+
+def test_handback_gaps_are_the_longest_gaps_after_a_node_came_back_until_the_next_fault():
+    """What the handback costs: from each node_back to the next fault (or the run's end)."""
+    events = [
+        fleet(1000, "drill_start", fault="kill"), fleet(2000, "fault", fault="kill", node="p2"),
+        fleet(4000, "node_back", fault="kill", node="p2"), fleet(6000, "drill_end", fault="kill"),
+        fleet(7000, "drill_start", fault="kill"), fleet(8000, "fault", fault="kill", node="p1"),
+        fleet(9000, "node_back", fault="kill", node="p1"), fleet(12000, "drill_end", fault="kill"),
+        # ac: the fault's gap (1900 -> 2500) is the RTO's; after p2 is back: 4400 -> 5500 (1,100 ms);
+        # one across the next fault (7500 -> 8600) is that fault's RTO; after p1: 8600 -> 9100 (it ends after)
+        *(consume(t, "ac", "aiokafka", f"1.{i}", "g") for i, t in
+          enumerate((1900, 2500, 3000, 3500, 4100, 4400, 5500, 6000, 7000, 7500, 8600, 9100, 9300, 9400))),
+        # jp: one that begins before p2 is back and ends after it counts (3800 -> 4300); one across
+        # p1's fault that ends after p1 is back (4400 -> 9050) is that fault's; then 9500 -> 11000
+        *(ack(t, "jp", "java", f"3.{i}") for i, t in enumerate((3000, 3800, 4300, 4400, 9050, 9500, 11000))),
+    ]
+    gaps = sorted((s.client_id, s.start_ns // MS, s.end_ns // MS) for s in measures.handback_gaps(events))
+    assert gaps == [("ac", 4400, 5500), ("ac", 8600, 9100), ("jp", 3800, 4300), ("jp", 9500, 11000)]
+    out = summary.summarize_events(events)["handback_gap_ms"]
+    assert out["aiokafka"]["max"] == 1_100.0 and out["java"]["max"] == 1_500.0

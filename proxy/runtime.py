@@ -232,7 +232,7 @@ class NodeRuntime:
             if self.peer_clients else {}
         floating = self.datapath.floating
         return {"clients": [p.to_json() for p in pairs], "version": version, "known": known,
-                "holds_own": floating is not None and self.node_id in floating.held}
+                "holds_own": floating is not None and floating.holds(self.node_id)}  # the admin thread
 
     def _share_clients(self) -> None:
         """With floating addresses: the fence asks the member whether it has quorum, and the

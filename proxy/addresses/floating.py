@@ -115,6 +115,10 @@ class FloatingAddresses:
         """The nodes whose address this host holds now."""
         return frozenset(self.reconciler.held)
 
+    def holds(self, node: str) -> bool:
+        """Does this host hold ``node``'s address now (one dict lookup: safe from another thread)?"""
+        return node in self.reconciler.held
+
     async def sync(self, serving: ServingMap, *, draining: bool) -> frozenset[str]:
         """Take and release until the host holds what ``serving`` asks; returns what it holds."""
         async with self._lock:

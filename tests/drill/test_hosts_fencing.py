@@ -73,11 +73,16 @@ def wait_for_stable(what: str, predicate, hold_s: float, timeout_s: float, inter
     raise AssertionError(f"not within {timeout_s} s: {what}, for {hold_s} s")
 
 
-def known_clients(node) -> dict[str, list[list]]:
-    """The clients of each peer ``node`` knows (GET /clients, with the admin token)."""
+def clients_answer(node) -> dict:
+    """``node``'s GET /clients (with the admin token)."""
     r = node.http.get(node.admin_url + "/clients", headers={"Authorization": f"Bearer {node.token()}"}, timeout=2.0)
     r.raise_for_status()
-    return r.json()["known"]
+    return r.json()
+
+
+def known_clients(node) -> dict[str, list[list]]:
+    """The clients of each peer ``node`` knows."""
+    return clients_answer(node)["known"]
 
 
 def run_on(fleet, script: str, *args: str, timeout: float = 120) -> str:
@@ -146,6 +151,9 @@ def test_freeze_moves_the_address_and_the_thawed_node_fences_itself(tmp_path):
                                         "print(json.dumps(sorted(answering_macs('eth0', sys.argv[1]))))", ip)
                 assert answers == f'["{macs[name]}"]', (ip, answers, macs)
         assert run_on(fleet, TCP_PROBE, *floating.values()) == "ok"
+        # Each says it holds its own address (what a survivor handing one back waits for).
+        assert {name: clients_answer(fleet.nodes[name])["holds_own"] for name in floating} == \
+            {name: True for name in floating}
         assert run_on(fleet, CONSUME, fleet.bootstrap_servers) == "80 80"  # none lost, none duplicated
     finally:
         fleet.down()

@@ -245,9 +245,8 @@ class Silence:
         return (self.end_ns - self.start_ns) / NS_PER_MS
 
 
-def longest_silences(events: list[dict[str, Any]]) -> list[Silence]:
-    """Per client of each run: the longest interval between two of its consecutive successes
-    (a client with fewer than two has none)."""
+def _successes(events: Iterable[dict[str, Any]]) -> tuple[dict[tuple[str, str], list[int]], dict[tuple[str, str], str]]:
+    """Per (run, client): the sorted times of its successes, and its family."""
     per_client: dict[tuple[str, str], list[int]] = defaultdict(list)
     families: dict[tuple[str, str], str] = {}
     for e in events:
@@ -257,9 +256,17 @@ def longest_silences(events: list[dict[str, Any]]) -> list[Silence]:
                 families[key] = min(families.get(key, e["family"]), e["family"])
             if e["event"] in SUCCESS_EVENTS:
                 per_client[key].append(e["ts_ns"])
+    for ok in per_client.values():
+        ok.sort()
+    return per_client, families
+
+
+def longest_silences(events: list[dict[str, Any]]) -> list[Silence]:
+    """Per client of each run: the longest interval between two of its consecutive successes
+    (a client with fewer than two has none)."""
+    per_client, families = _successes(events)
     out = []
     for (run_id, client_id), ok in sorted(per_client.items()):
-        ok.sort()
         if len(ok) < 2:
             continue
         a, b = max(zip(ok, ok[1:]), key=lambda pair: pair[1] - pair[0])
@@ -277,28 +284,21 @@ def handback_gaps(events: list[dict[str, Any]]) -> list[Silence]:
     fleet's handback costs a client (the node taking its address and identities back, the
     survivors letting go; the map that marks the node up comes before ``node_back``, so an
     interval that began before it counts). One that spans a fault is that fault's RTO."""
+    per_client, families = _successes(events)
     out: list[Silence] = []
     for run_id, evs in sorted(_by_run(events).items()):
         end_ns = max(e["ts_ns"] for e in evs)
         faults = sorted(e["ts_ns"] for e in evs if e["source"] == FLEET and e["event"] == FAULT)
         backs = sorted(e["ts_ns"] for e in evs if e["source"] == FLEET and e["event"] == NODE_BACK)
-        ok: dict[str, list[int]] = defaultdict(list)
-        families: dict[str, str] = {}
-        for e in evs:
-            if e["source"] == CLIENT and e["client_id"] is not None:
-                if e["family"] is not None:
-                    families[e["client_id"]] = min(families.get(e["client_id"], e["family"]), e["family"])
-                if e["event"] in SUCCESS_EVENTS:
-                    ok[e["client_id"]].append(e["ts_ns"])
+        clients = sorted((key, times) for key, times in per_client.items() if key[0] == run_id)
         for back in backs:
             until = next((f for f in faults if f > back), end_ns)
             since = max((f for f in faults if f <= back), default=0)
-            for client_id, times in sorted(ok.items()):
-                times.sort()
+            for key, times in clients:
                 gaps = [(a, b) for a, b in zip(times, times[1:]) if a >= since and back < b <= until]
                 if gaps:
                     a, b = max(gaps, key=lambda pair: pair[1] - pair[0])
-                    out.append(Silence(run_id, client_id, families.get(client_id, UNKNOWN), a, b))
+                    out.append(Silence(run_id, key[1], families.get(key, UNKNOWN), a, b))
     return out
 
 

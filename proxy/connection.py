@@ -24,6 +24,8 @@ import asyncio
 import itertools
 import logging
 import os
+import socket
+import struct
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -41,6 +43,22 @@ if TYPE_CHECKING:
     from proxy.registry import ConnectionRegistry
 
 log = logging.getLogger("kproxy.proxy")
+
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST and drops what is queued
+
+
+def reset_transport(transport: asyncio.BaseTransport) -> None:
+    """Abort ``transport`` so that its peer gets an RST as soon as the socket closes (SO_LINGER 0),
+    however much is queued to send: a FIN waits behind unsent bytes, and a host about to give
+    the connection's address away could never send it. (uvloop closes the socket in
+    ``connection_lost``, called soon after: let the loop run once before the address goes.)"""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+        except OSError:
+            pass  # closed meanwhile: nothing to reset
+    transport.abort()
 
 
 class Pair:
@@ -108,6 +126,19 @@ class Pair:
             if t is not None:
                 t.abort()
 
+    def reset(self, reason: str) -> None:
+        """:meth:`abort`, the client getting an RST (:func:`reset_transport`): for a connection at
+        an address this host gives away or may have lost."""
+        client = self.client
+        if client is not None and not client.is_closing():
+            sock = client.get_extra_info("socket")
+            if sock is not None:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+                except OSError:
+                    pass
+        self.abort(reason)
+
 
 class Tap:
     """Tests only (``[debug] tap_dir``): a copy of every byte written to one
@@ -165,6 +196,7 @@ class ClientSide(asyncio.BufferedProtocol):
             return
         if endpoint is not None:
             self.tls = TLS_ESTABLISHED
+            registry.handshaking.add(transport)  # no pair until the handshake is done (proxy.datapath._vacate)
             handshake = start_server_tls(transport, self, endpoint.context)
             handshake.add_done_callback(lambda done: self._handshake_done(done, endpoint, transport, peer))
             return
@@ -173,6 +205,7 @@ class ClientSide(asyncio.BufferedProtocol):
     def _handshake_done(self, done: asyncio.Future[None], endpoint: TlsEndpoint, transport: asyncio.BaseTransport,
                         peer: tuple[str, int] | None) -> None:
         """A failed handshake is counted and logged, and closes this connection only."""
+        self.registry.handshaking.discard(transport)
         exc = None if done.cancelled() else done.exception()
         if exc is None:
             return

@@ -42,7 +42,7 @@ from proxy.addresses.tickle import ClientPair
 from proxy.advertised import AdvertisedAddresses
 from proxy.config import Config, HostPort, proxy_node
 from proxy.connect_pacing import ConnectTurns, Turn, pacing_for_workers
-from proxy.connection import Pair, UpstreamSide
+from proxy.connection import Pair, UpstreamSide, reset_transport
 from proxy.discovery import BrokerDiscovery
 from proxy.drain import CloseListeners, DrainAt, DrainConnections, NodeDrain, Rebind
 from proxy.errors import ProtocolError, RewriteError, UnknownBroker
@@ -212,16 +212,29 @@ class DataPath:
     async def _vacate(self, node: str, host: str) -> None:
         """Before giving ``node``'s address back (proxy.addresses.floating): stop standing in
         there, then reset the clients connected to it here, so they reconnect to the address's
-        next holder instead of waiting on a connection this host can no longer answer on."""
+        next holder instead of waiting on a connection this host can no longer answer on.
+
+        Once the address is gone this host can send those clients nothing, so every connection
+        at it must be reset on the wire first. Two of uvloop's "soon"s stand in the way, each
+        seen to leave a client waiting out its 10 s request timeout after a heal: a connection
+        accepted just before the listener closed gets ``connection_made`` (its pair) on the
+        loop's next pass, and a closed transport's socket is closed on the next pass too. So:
+        close the listeners, let one pass make the pairs, reset them (an RST, whatever they had
+        queued; TLS handshakes as well), and let one pass close their sockets."""
         assert self.floating is not None
         await self.listeners.stand_in(floating_stand_ins(self.serving, self.node.id, self.listeners.bound,
                                                          self.floating.held - {node}))
-        pairs = [p for p in self.registry.pairs
-                 if p.client is not None and (p.client.get_extra_info("sockname") or ("",))[0] == host]
+        await asyncio.sleep(0)  # the pairs of connections accepted before the listeners closed
+        pairs = [p for p in self.registry.pairs if p.client is not None and _local_host(p.client) == host]
         for pair in pairs:
-            pair.abort("its address goes back to its node")
+            pair.reset("its address goes back to its node")
+        handshakes = [t for t in self.registry.handshaking if _local_host(t) == host]
+        for transport in handshakes:
+            self.registry.handshaking.discard(transport)
+            reset_transport(transport)
+        await asyncio.sleep(0)  # their sockets close: the RSTs leave while the address is still here
         log.info("giving a floating address back: its clients here were reset",
-                 extra={"node": node, "address": host, "connections": len(pairs)})
+                 extra={"node": node, "address": host, "connections": len(pairs) + len(handshakes)})
 
     def watch_stalls(self) -> None:
         """With floating addresses: from now on a stall fences the node (call once it is up:
@@ -371,14 +384,14 @@ class DataPath:
                         extra={"node": self.node.id, "connections": len(pairs)})
             return
         for pair in pairs:
-            pair.abort("fenced: this node stalled or was cut off and may have lost its address")
+            pair.reset("fenced: this node stalled or was cut off and may have lost its address")
         log.warning("fenced: connections dropped", extra={"node": self.node.id, "connections": len(pairs)})
 
     def _drop_held(self) -> None:
         held, self._held = self._held, []
         live = [p for p in held if not p.closed]
         for pair in live:
-            pair.abort("fenced while isolated: dropped as the fence lifts")
+            pair.reset("fenced while isolated: dropped as the fence lifts")
         log.info("fence lifted: connections held since the isolation dropped",
                  extra={"node": self.node.id, "connections": len(live)})
 
@@ -537,6 +550,11 @@ class DataPath:
                           for b in sorted(self.brokers.values())),
             floating=None if self.floating is None else self.floating.status(),
         )
+
+
+def _local_host(transport: asyncio.BaseTransport) -> str:
+    """The address a client connected to (its socket's local address)."""
+    return (transport.get_extra_info("sockname") or ("",))[0]
 
 
 def _trace_turn(turn: Turn, how: str) -> None:

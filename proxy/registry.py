@@ -92,6 +92,8 @@ class ConnectionRegistry:
             metrics.connections_refused.labels(node_id, reason.value)
         self._clock = clock
         self.pairs: set[Pair] = set()
+        # Client connections in their TLS handshake (no pair yet): raw transports (proxy.connection).
+        self.handshaking: set[asyncio.BaseTransport] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.connect: Callable[[Pair], Awaitable[None]] | None = None
         self.unstall: Callable[[Pair, UnknownBroker], Awaitable[None]] | None = None

@@ -805,13 +805,17 @@ def test_a_removed_nodes_address_is_stood_in_for_like_a_vacant_ones():
 
 class _FakePair:
     def __init__(self) -> None:
-        self.closed, self.held, self.aborted = False, False, None
+        self.closed, self.held, self.aborted, self.was_reset = False, False, None, False
 
     def hold(self) -> None:
         self.held = True
 
     def abort(self, reason: str) -> None:
         self.closed, self.aborted = True, reason
+
+    def reset(self, reason: str) -> None:
+        self.abort(reason)
+        self.was_reset = True
 
 
 def test_an_isolated_fence_holds_the_connections_silent_and_drops_them_when_it_lifts():
@@ -829,12 +833,125 @@ def test_an_isolated_fence_holds_the_connections_silent_and_drops_them_when_it_l
     pairs[0].abort("its client closed it meanwhile")
     DataPath._drop_held(dp)
     assert pairs[1].aborted is not None and "isolated" in pairs[1].aborted and dp._held == []
+    assert pairs[1].was_reset  # an RST, not a FIN queued behind what the client was sent
     assert pairs[0].aborted == "its client closed it meanwhile"  # not aborted twice
 
     stalled = [_FakePair()]
     dp.registry = attrs.make_class("Reg", ["pairs"])(set(stalled))
     DataPath._fenced(dp)
-    assert stalled[0].aborted is not None and not stalled[0].held and dp._held == []
+    assert stalled[0].aborted is not None and stalled[0].was_reset and not stalled[0].held and dp._held == []
+
+
+# ---- DataPath._vacate on real loopback sockets (uvloop): every client at the address is reset on
+# the wire before _vacate returns (the address is released right after it).
+
+TCP_CLOSE, TCP_CLOSE_WAIT = 7, 8  # linux/tcp_states.h; a reset socket is CLOSE, one sent a FIN CLOSE_WAIT
+
+
+def _tcp_state(sock) -> int:
+    import socket
+
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+
+
+class _TransportPair:
+    """The part of proxy.connection.Pair that _vacate uses, over a real server-side transport."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.client, self.closed = transport, False
+
+    def reset(self, reason: str) -> None:
+        from proxy.connection import reset_transport
+
+        self.closed = True
+        reset_transport(self.client)
+
+
+def _vacating_datapath(server: asyncio.AbstractServer, pairs: set):
+    """A stand-in for the DataPath _vacate runs on: its listeners' stand_in closes ``server``."""
+    from proxy.datapath import DataPath
+
+    class Listeners:
+        bound: frozenset = frozenset()
+
+        async def stand_in(self, wanted) -> None:
+            server.close()
+
+    dp = type("FakeDataPath", (), {"_vacate": DataPath._vacate})()
+    dp.listeners = Listeners()
+    dp.registry = attrs.make_class("Reg", ["pairs", "handshaking"])(pairs, set())
+    dp.floating = attrs.make_class("Floating", ["held"])(frozenset({"p2"}))
+    dp.serving = fleet_map({1: "p1", 2: "p1", 3: "p1"}, vacant={"p2"})
+    dp.node = attrs.make_class("Node", ["id"])("p1")
+    return dp
+
+
+def test_vacate_resets_its_clients_on_the_wire_before_it_returns_even_with_data_queued_for_them():
+    """uvloop closes an aborted transport's socket on the loop's next pass, and a FIN waits behind
+    unsent bytes: a host that released the address right after would never send either (seen: a
+    client waiting out its 10 s request timeout after a heal). The client must be reset (TCP
+    CLOSE, not CLOSE_WAIT or ESTABLISHED) by the time _vacate returns, without another pass."""
+    import socket
+
+    import uvloop
+
+    async def run() -> int:
+        accepted: asyncio.Future[asyncio.Transport] = asyncio.get_running_loop().create_future()
+
+        class Server(asyncio.Protocol):
+            def connection_made(self, transport) -> None:
+                accepted.set_result(transport)
+
+        server = await asyncio.get_running_loop().create_server(Server, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        try:
+            transport = await asyncio.wait_for(accepted, 5)
+            transport.write(b"x" * (8 << 20))  # more than the buffers hold: most of it stays queued
+            await asyncio.sleep(0.05)
+            assert transport.get_write_buffer_size() > 0
+            dp = _vacating_datapath(server, {_TransportPair(transport)})
+            await dp._vacate("p2", "127.0.0.1")
+            return _tcp_state(client)  # no await since: the loop did not run again
+        finally:
+            client.close()
+
+    assert uvloop.run(run()) == TCP_CLOSE
+
+
+def test_vacate_resets_a_connection_whose_pair_the_loop_had_yet_to_make():
+    """uvloop makes a pair in connection_made, which it calls on the loop's pass after the accept: a
+    connection accepted just before the listener closed is not a pair yet when _vacate starts. It
+    must be reset with the rest (seen: its client waited 10 s on an address no host answered)."""
+    import socket
+
+    import uvloop
+
+    async def run() -> int:
+        pairs: set = set()
+
+        class Server(asyncio.Protocol):
+            def connection_made(self, transport) -> None:
+                pairs.add(_TransportPair(transport))
+
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Server, "127.0.0.1", 0)
+        client = socket.create_connection(("127.0.0.1", server.sockets[0].getsockname()[1]))
+        try:
+            deadline = time.monotonic() + 5
+            while not pairs:
+                assert time.monotonic() < deadline, "the server never made the connection's pair"
+                await asyncio.sleep(0.005)
+            # As if accepted just now: its pair is made by a callback already in the loop's ready
+            # queue when _vacate starts (uvloop's connection_made after an accept).
+            loop.call_soon(pairs.add, pairs.pop())
+            await _vacating_datapath(server, pairs)._vacate("p2", "127.0.0.1")
+            return _tcp_state(client)  # no await since: the loop did not run again
+        finally:
+            client.close()
+
+    assert uvloop.run(run()) in (TCP_CLOSE, TCP_CLOSE_WAIT)  # told, by an RST (or a FIN), before it returned
 
 
 def test_only_a_fleet_with_a_mover_names_refused_peers_in_its_map():

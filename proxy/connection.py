@@ -52,13 +52,17 @@ def reset_transport(transport: asyncio.BaseTransport) -> None:
     however much is queued to send: a FIN waits behind unsent bytes, and a host about to give
     the connection's address away could never send it. (uvloop closes the socket in
     ``connection_lost``, called soon after: let the loop run once before the address goes.)"""
+    _reset_on_close(transport)
+    transport.abort()
+
+
+def _reset_on_close(transport: asyncio.BaseTransport) -> None:
     sock = transport.get_extra_info("socket")
     if sock is not None:
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
         except OSError:
             pass  # closed meanwhile: nothing to reset
-    transport.abort()
 
 
 class Pair:
@@ -129,14 +133,8 @@ class Pair:
     def reset(self, reason: str) -> None:
         """:meth:`abort`, the client getting an RST (:func:`reset_transport`): for a connection at
         an address this host gives away or may have lost."""
-        client = self.client
-        if client is not None and not client.is_closing():
-            sock = client.get_extra_info("socket")
-            if sock is not None:
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-                except OSError:
-                    pass
+        if self.client is not None and not self.client.is_closing():
+            _reset_on_close(self.client)
         self.abort(reason)
 
 

@@ -138,8 +138,12 @@ def consume_paced(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> None:
             except errors.KafkaError as exc:
                 # kafka-python 3 can raise a retriable error out of poll() (seen: "socket
                 # disconnected" from its coordinator lookup while a broker was killed); an
-                # application polls again, so does the workload.
-                if not exc.retriable:
+                # application polls again, so does the workload. Likewise UnknownBrokerIdError,
+                # which kafka-python does not mark retriable: its fetcher built a fetch for a
+                # broker that the metadata it had just read no longer lists (seen in a CI run's
+                # broker-kill drill, 3.0.12: the killed broker); the next poll fetches from the
+                # partition's new leader.
+                if not exc.retriable and not isinstance(exc, errors.UnknownBrokerIdError):
                     raise
                 t.error(f"poll: {type(exc).__name__}: {exc}")
                 time.sleep(RETRY_BACKOFF_MS / 1000)  # retry backoff (a rate, not a condition)

@@ -132,8 +132,9 @@ class Pair:
 
     def reset(self, reason: str) -> None:
         """:meth:`abort`, the client getting an RST (:func:`reset_transport`): for a connection at
-        an address this host gives away or may have lost."""
-        if self.client is not None and not self.client.is_closing():
+        an address this host gives away or may have lost. A client already closing gracefully
+        (a drain's close, bytes still queued) is reset too: its FIN would wait behind them."""
+        if self.client is not None:
             _reset_on_close(self.client)
         self.abort(reason)
 

@@ -893,36 +893,70 @@ def _vacating_datapath(server: asyncio.AbstractServer, pairs: set):
     return dp
 
 
+async def _server_with_a_full_client():
+    """A loopback server, a client that reads nothing, and the server's transport to it with more
+    queued than the socket buffers hold."""
+    import socket
+
+    accepted: asyncio.Future[asyncio.Transport] = asyncio.get_running_loop().create_future()
+
+    class Server(asyncio.Protocol):
+        def connection_made(self, transport) -> None:
+            accepted.set_result(transport)
+
+    server = await asyncio.get_running_loop().create_server(Server, "127.0.0.1", 0)
+    client = socket.create_connection(("127.0.0.1", server.sockets[0].getsockname()[1]))
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    transport = await asyncio.wait_for(accepted, 5)
+    transport.write(b"x" * (8 << 20))  # more than the buffers hold: most of it stays queued
+    await asyncio.sleep(0.05)
+    assert transport.get_write_buffer_size() > 0
+    return server, client, transport
+
+
 def test_vacate_resets_its_clients_on_the_wire_before_it_returns_even_with_data_queued_for_them():
     """uvloop closes an aborted transport's socket on the loop's next pass, and a FIN waits behind
     unsent bytes: a host that released the address right after would never send either (seen: a
     client waiting out its 10 s request timeout after a heal). The client must be reset (TCP
     CLOSE, not CLOSE_WAIT or ESTABLISHED) by the time _vacate returns, without another pass."""
-    import socket
-
     import uvloop
 
     async def run() -> int:
-        accepted: asyncio.Future[asyncio.Transport] = asyncio.get_running_loop().create_future()
-
-        class Server(asyncio.Protocol):
-            def connection_made(self, transport) -> None:
-                accepted.set_result(transport)
-
-        server = await asyncio.get_running_loop().create_server(Server, "127.0.0.1", 0)
-        port = server.sockets[0].getsockname()[1]
-        client = socket.create_connection(("127.0.0.1", port))
-        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        server, client, transport = await _server_with_a_full_client()
         try:
-            transport = await asyncio.wait_for(accepted, 5)
-            transport.write(b"x" * (8 << 20))  # more than the buffers hold: most of it stays queued
-            await asyncio.sleep(0.05)
-            assert transport.get_write_buffer_size() > 0
             dp = _vacating_datapath(server, {_TransportPair(transport)})
             await dp._vacate("p2", "127.0.0.1")
             return _tcp_state(client)  # no await since: the loop did not run again
         finally:
             client.close()
+
+    assert uvloop.run(run()) == TCP_CLOSE
+
+
+def test_a_pair_already_closing_with_bytes_queued_is_reset_too():
+    """A drain closes a client gracefully: its FIN waits behind what is still queued. Reset at an
+    address this host gives away (Pair.reset), it must get its RST at once like any other."""
+    import uvloop
+
+    from proxy.config import Limits
+    from proxy.connection import Pair
+    from proxy.drain import NodeDrain
+    from proxy.metrics import ProxyMetrics
+    from proxy.registry import ConnectionRegistry
+
+    async def run() -> int:
+        server, client, transport = await _server_with_a_full_client()
+        try:
+            pair = Pair(ConnectionRegistry("t", Limits(), ProxyMetrics("t"), None, NodeDrain(takeover=False)), 1)
+            pair.client = transport
+            transport.close()  # graceful: waits to flush
+            assert transport.is_closing()
+            pair.reset("its address goes back to its node")
+            await asyncio.sleep(0)
+            return _tcp_state(client)
+        finally:
+            client.close()
+            server.close()
 
     assert uvloop.run(run()) == TCP_CLOSE
 

@@ -227,6 +227,11 @@ class ClusterAdmin:
             time.sleep(0.1)
         raise AdminError(f"fleet not balanced within {timeout}s: identities per node {loads}")
 
+    def wait_steady(self, timeout: float = 30.0) -> FleetView:
+        """Until ready for the next fault: balanced (a fleet whose addresses float also waits
+        until every address is back on its own node: ``chaos.testbed.fleet.LocalFleet``)."""
+        return self.wait_balanced(timeout)
+
     # ------------------------------------------------------------- actions
     def signal_node(self, node_id: str, sig: str) -> None:
         self._node(node_id).signal(sig.upper())

@@ -415,11 +415,12 @@ class DrillRun:
         earliest since ``since_ns``, the previous drill). Balanced: a returned node gets its
         identities back ``rebalance_delay_s`` after it is up, and that move must not land inside
         the next fault's recovery (it did, 0.16 s before a freeze, and the freeze was charged
-        with both)."""
+        with both). On emulated hosts steady also means every floating address back on its own
+        node (``LocalFleet.wait_steady``)."""
         config, clients = self.config, self.client_ids
         self.report(f"drill {self.drill}/{config.repeat}: steady")
         if self.target.fleet is not None:
-            await in_thread(self.target.fleet.wait_balanced, config.restore_timeout_s,
+            await in_thread(self.target.fleet.wait_steady, config.restore_timeout_s,
                             timeout_s=config.restore_timeout_s + 10)
             since_ns = max(since_ns, time.time_ns())
         if not await self.wait_until(lambda: not self.tail.lagging(clients, since_ns), config.recovery_timeout_s):

@@ -98,6 +98,7 @@ class FloatingAddresses:
         self.on_own_change: Callable[[], None] | None = None
         self._last: tuple[ServingMap, bool] | None = None  # the newest (map, draining) sync saw
         self._handovers: set[str] = set()  # nodes whose address waits for them to hold it
+        self._leftovers_adopted = False  # peers' addresses found on the host at start: see _adopt_leftovers
 
     def warm_up(self) -> None:
         """Open what a take uses now, in the mover's thread (:meth:`AddressMover.prepare`), so that
@@ -124,6 +125,8 @@ class FloatingAddresses:
         async with self._lock:
             loop = asyncio.get_running_loop()
             self._last = (serving, draining)
+            if not self._leftovers_adopted:
+                await self._adopt_leftovers(serving)
             for action in self.reconciler.plan(self._wanted(), serving, (self.node_id, self.own_host)):
                 address = floating_address(self.config, action.node, action.host)
                 if isinstance(action, ReleaseAddress):
@@ -149,6 +152,31 @@ class FloatingAddresses:
                 if action.node != self.node_id:
                     self._to_tickle.append(action)
             return self.held
+
+    async def _adopt_leftovers(self, serving: ServingMap) -> None:
+        """Count as held the peers' addresses this host's link still holds from before this
+        process (the caller holds the lock), so that the plan gives back those it does not
+        want. A node killed while it stood in for a peer leaves that address on its host: the
+        peer's and this host then both answered it, each resetting the other's connections
+        (kill-two drills on emulated hosts, once the drill waited for every address back on its
+        own node). Only the addresses of the map's nodes: another address in the networks is
+        not ours to remove. Done at the first map that names a peer."""
+        peers = {n.host: n.id for n in serving.nodes if n.id != self.node_id}
+        if not peers:
+            return
+        self._leftovers_adopted = True
+        try:
+            found = await asyncio.get_running_loop().run_in_executor(self._mover_thread, self.mover.held_floating)
+        except (MoverError, OSError) as exc:
+            log.warning("could not read which floating addresses this host holds",
+                        extra={"reason": str(exc)})
+            return
+        for ip in found:
+            node = peers.get(str(ip))
+            if node is not None and node not in self.reconciler.held:
+                self.reconciler.taken(TakeAddress(node, str(ip)))
+                log.info("a peer's floating address is on this host from before this process",
+                         extra={"node": node, "address": str(ip)})
 
     def _wanted(self) -> frozenset[str]:
         assert self._last is not None

@@ -241,6 +241,14 @@ class AddressMover:
             log.info("released a floating address", extra={"address": address.cidr, "node": address.node,
                                                             "mover": self.config.kind})
 
+    def held_floating(self) -> list[ipaddress.IPv4Address]:
+        """The floating addresses this host's link holds now (``netns``/``linux``: its secondary
+        addresses inside the configured networks, the only ones a mover takes); none for the
+        other kinds, which cannot tell (a ``command`` mover's cloud call moves an address whole)."""
+        if self.config.kind not in (NETNS, LINUX) or self.config.interface is None:
+            return []
+        return [a.ip for a in self.link_addresses(self.config.interface) if a.secondary and self.config.allows(a.ip)]
+
     def host_warning(self) -> str | None:
         """What in this host's settings works against moving addresses (logged at start), or None."""
         if self.config.kind not in (NETNS, LINUX) or self.config.interface is None:

@@ -179,6 +179,17 @@ def test_command_mover_refuses_outside_its_networks():
     assert io.ran == [("/opt/move-ip", "take", "10.0.1.7/24", "p3")]
 
 
+def test_the_floating_addresses_a_host_holds_are_its_secondary_ones_in_the_networks():
+    held = [*ETH0, LinkAddress(ipaddress.IPv4Address("198.18.0.11"), 24, secondary=True),
+            LinkAddress(ipaddress.IPv4Address("198.18.0.13"), 24, secondary=True),
+            LinkAddress(ipaddress.IPv4Address("10.9.0.5"), 24, secondary=True)]  # outside the networks
+    io = FakeIo(held)
+    assert io.mover({"mover": "netns"}).held_floating() == [ipaddress.IPv4Address("198.18.0.11"),
+                                                           ipaddress.IPv4Address("198.18.0.13")]
+    assert io.mover({"mover": "none"}).held_floating() == []
+    assert io.mover({"mover": "command", "command": "/opt/move-ip", "networks": ["198.18.0.0/24"]}).held_floating() == []
+
+
 def test_a_failed_step_is_a_mover_error_and_nothing_is_announced():
     held = [*ETH0, LinkAddress(ipaddress.IPv4Address("198.18.0.11"), 24, secondary=True)]
     io = FakeIo(held, codes={"add": 1})

@@ -351,9 +351,15 @@ def test_clients_query_parses_and_caps_and_names_the_bad_parameter():
 
 # ------------------------------------------------------------ the shell, fake mover
 class FakeMover:
-    def __init__(self, fail: set[str] = frozenset()) -> None:
+    def __init__(self, fail: set[str] = frozenset(), found: tuple[str, ...] = ()) -> None:
         self.calls: list[str] = []
         self.fail = fail
+        self.found = found  # the floating addresses on the host's link when the process starts
+        self.reads = 0
+
+    def held_floating(self) -> list[ipaddress.IPv4Address]:
+        self.reads += 1
+        return [ipaddress.IPv4Address(ip) for ip in self.found]
 
     def take(self, address) -> None:
         if str(address.ip) in self.fail:
@@ -404,6 +410,31 @@ def test_shell_keeps_going_when_a_take_fails_and_retries_it_next_time():
 
     assert asyncio.run(run()) == {"p1", "p2", "p3"}
     assert mover.calls == ["take 198.18.0.11/24", "take 198.18.0.12/24", "take 198.18.0.13/24"]
+
+
+def test_a_peers_address_left_on_the_host_by_a_killed_process_is_given_back_at_the_first_map(monkeypatch):
+    # p1 was killed while it stood in for p2 and p3 (their addresses stayed on p1's link); now p1
+    # and p3 are up again and p2 is down, p1 its holder: p3's address goes back (once p3 holds it:
+    # here the fixed wait), p2's stays held (no second take), and an address in the networks that
+    # is no node's is not touched.
+    monkeypatch.setattr(floating, "HANDOVER_WAIT_S", 0.01)
+    mover = FakeMover(found=("198.18.0.12", "198.18.0.13", "198.18.0.99"))
+    shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
+                              confirm_s=0.5, mover=mover)  # type: ignore[arg-type]
+    before = ServingMap(epoch=0, owners={}, nodes=(), vacant=frozenset(), draining=frozenset(), stand_ins=())
+    m = fleet_map({1: "p1", 2: "p1", 3: "p3"}, vacant={"p2"})
+
+    async def run() -> tuple[frozenset[str], frozenset[str]]:
+        first = await shell.sync(before, draining=False)  # no peer named yet: nothing read
+        await shell.sync(m, draining=False)
+        deadline = time.monotonic() + 5
+        while "p3" in shell.held and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return first, shell.held
+
+    first, held = asyncio.run(run())
+    assert first == frozenset() and held == {"p1", "p2"}
+    assert mover.calls == ["take 198.18.0.11/24", "release 198.18.0.13/24"] and mover.reads == 1
 
 
 def test_tickles_go_out_only_once_the_data_path_listens_on_the_taken_address(monkeypatch):

@@ -407,7 +407,8 @@ class DataPath:
                 continue
             local, peer = client.get_extra_info("sockname"), client.get_extra_info("peername")
             if local and peer and ":" not in peer[0] and ":" not in local[0]:
-                out.append(ClientPair(local[1], peer[0], peer[1], None if local[0] == own else local[0]))
+                out.append(ClientPair(local[1], peer[0], peer[1], None if local[0] == own else local[0],
+                                      group=pair.group))
         return out
 
     # ----------------------------------------------------------- drain

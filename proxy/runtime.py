@@ -231,7 +231,8 @@ class NodeRuntime:
         known = {n: [p.to_json() for p in self.peer_clients.of(n)] for n in self.peer_clients.peers} \
             if self.peer_clients else {}
         floating = self.datapath.floating
-        return {"clients": [p.to_json() for p in pairs], "version": version, "known": known,
+        return {"clients": [p.to_json() for p in pairs], "group": [i for i, p in enumerate(pairs) if p.group],
+                "version": version, "known": known,
                 "holds_own": floating is not None and floating.holds(self.node_id)}  # the admin thread
 
     def _share_clients(self) -> None:

@@ -26,7 +26,7 @@ from proxy.addresses.config import MoverConfig
 from proxy.addresses.movers import AddressMover, MoverError, build_mover
 from proxy.addresses.peers import PeerClients
 from proxy.addresses.plan import AddressRefused, FloatingAddress
-from proxy.addresses.tickle import send_segments, tickle_segments
+from proxy.addresses.tickle import ClientPair, send_segments, tickle_segments
 from proxy.takeover import AddressReconciler, Fence, ReleaseAddress, TakeAddress, down_nodes, wanted_addresses
 
 log = logging.getLogger("kproxy.addresses")
@@ -36,6 +36,15 @@ log = logging.getLogger("kproxy.addresses")
 FENCE_TICK_S = 0.1
 # Tickles go out twice, this far apart: the first may race the clients' ARP update.
 TICKLE_AGAIN_S = 0.3
+# The clients' group-coordinator connections are tickled this long after their other ones. Reset
+# in one burst, a client's coordinator connection and its connection to the same address for the
+# identity itself fail together, and librdkafka sends its coordinator lookup over its most recently
+# used connection still marked up: often that one, a moment before it is seen to fail; the lookup
+# fails and the next comes at the consumer's next main-thread wake-up, up to 1 s later (emulated
+# hosts: a confluent consumer's 1.1-1.4 s in kill and partition drills, librdkafka's own log). A
+# moment later, that connection is down or made again to the address's new holder, and the lookup
+# goes over a live one. The drain does the same (proxy.drain.DRAIN_COORDINATOR_DELAY_S).
+TICKLE_GROUP_DELAY_S = 0.05
 # Up to this many clients the tickle ACKs are built in the loop's thread (~1 ms); more, in an executor.
 INLINE_TICKLES = 32
 # A taken address is announced again this long after the take (seconds from the take). Linux
@@ -289,23 +298,39 @@ class FloatingAddresses:
                 log.info("no clients known to tickle", extra={
                     "node": action.node, "address": action.host, **self.peer_clients.state(action.node)})
             return
+        # The group-coordinator connections a moment after the rest (TICKLE_GROUP_DELAY_S), each
+        # of them twice (TICKLE_AGAIN_S apart).
+        others, group = [p for p in pairs if not p.group], [p for p in pairs if p.group]
+        lag = TICKLE_GROUP_DELAY_S if others and group else 0.0
+        waves = sorted(((at, wave) for at, wave in ((0.0, others), (lag, group), (TICKLE_AGAIN_S, others),
+                                                    (TICKLE_AGAIN_S + lag, group)) if wave), key=lambda w: w[0])
         loop = asyncio.get_running_loop()
-        for attempt in range(2):
-            if attempt:
-                await asyncio.sleep(TICKLE_AGAIN_S)
-            if self.reconciler.held.get(action.node) != action.host:
-                return  # given back meanwhile
-            try:
-                # Built apart (~30 us a client), then sent from the loop's thread in one burst
-                # (proxy.addresses.tickle.send_segments).
-                segments = tickle_segments(action.host, pairs) if len(pairs) <= INLINE_TICKLES \
-                    else await loop.run_in_executor(None, tickle_segments, action.host, pairs)
-                sent = send_segments(action.host, segments)
-            except OSError as exc:
-                log.warning("tickle ACKs not sent", extra={"node": action.node, "reason": str(exc)})
+        started = loop.time()
+        for at, wave in waves:
+            delay = started + at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if not await self._send_tickles(action, wave):
                 return
-            self.tickles_sent += sent
-            log.info("tickle ACKs sent", extra={"node": action.node, "address": action.host, "clients": sent})
+
+    async def _send_tickles(self, action: TakeAddress, pairs: list[ClientPair]) -> bool:
+        """One burst of tickle ACKs to ``pairs``; False when the address was given back meanwhile
+        or the burst could not be sent."""
+        if self.reconciler.held.get(action.node) != action.host:
+            return False  # given back meanwhile
+        try:
+            # Built apart (~30 us a client), then sent from the loop's thread in one burst
+            # (proxy.addresses.tickle.send_segments).
+            segments = tickle_segments(action.host, pairs) if len(pairs) <= INLINE_TICKLES \
+                else await asyncio.get_running_loop().run_in_executor(None, tickle_segments, action.host, pairs)
+            sent = send_segments(action.host, segments)
+        except OSError as exc:
+            log.warning("tickle ACKs not sent", extra={"node": action.node, "reason": str(exc)})
+            return False
+        self.tickles_sent += sent
+        log.info("tickle ACKs sent", extra={"node": action.node, "address": action.host, "clients": sent,
+                                            "group": bool(pairs[0].group)})
+        return True
 
     async def watch(self, serving: Callable[[], ServingMap], fenced: Callable[[], None],
                     resync: Callable[[], Awaitable[None]]) -> None:

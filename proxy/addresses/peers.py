@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import attrs
 import httpx
 
 from proxy.addresses.tickle import ClientPair
@@ -159,7 +160,9 @@ class PeerClients:
         try:
             body = fetch(url, self.token, timeout)
             raw = body.get("clients", [])
-            pairs = tuple(ClientPair.from_json(v) for v in list(raw)[:MAX_CLIENT_PAIRS])
+            group = {i for i in body.get("group") or () if isinstance(i, int)}
+            pairs = tuple(attrs.evolve(p, group=True) if i in group else p
+                          for i, p in enumerate(ClientPair.from_json(v) for v in list(raw)[:MAX_CLIENT_PAIRS]))
             version = body.get("version")
             holds = body.get("holds_own")
         except (httpx.HTTPError, ValueError, TypeError, AttributeError) as exc:

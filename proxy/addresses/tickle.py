@@ -42,6 +42,10 @@ class ClientPair:
     client_ip: str
     client_port: int
     local_ip: str | None = None
+    # The connection carried group-coordinator requests: tickled a moment after the others
+    # (proxy.addresses.floating.TICKLE_GROUP_DELAY_S). On the wire as the list's "group" key (the
+    # indices of such pairs), which a node from before it ignores.
+    group: bool = attrs.field(default=False, eq=False)
 
     def to_json(self) -> list[object]:
         if self.local_ip is None:

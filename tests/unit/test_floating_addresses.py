@@ -242,6 +242,46 @@ def test_peer_clients_keep_the_last_list_of_a_peer_that_stopped_answering():
     assert peers.state("p2")["failing"] is None and peers.state("p2")["version"] == 9
 
 
+def test_a_peers_list_names_its_group_coordinator_connections_and_a_list_without_them_has_none():
+    answers = {"clients": [[9101, "198.18.0.3", 40000], [9102, "198.18.0.3", 40001], [9102, "198.18.0.4", 1]],
+               "group": [1, "x", 7], "version": 3}  # junk and indices past the list are ignored
+    peers = PeerClients({"p2": "http://198.18.0.112:9400"}, "t", fetch=lambda url, token, timeout_s: answers)
+    peers.poll("p2")
+    assert [p.group for p in peers.of("p2")] == [False, True, False]
+    del answers["group"]  # a node from before the flag
+    peers.poll("p2")
+    assert [p.group for p in peers.of("p2")] == [False, False, False]
+
+
+def test_group_coordinator_connections_are_tickled_a_moment_after_the_others(monkeypatch):
+    sent: list[tuple[float, tuple[int, ...]]] = []
+    monkeypatch.setattr(floating, "send_segments", lambda host, segments: sent.append(
+        (time.monotonic(), tuple(seg[1] for seg in segments))) or len(segments))
+    monkeypatch.setattr(floating, "tickle_segments", lambda host, pairs: [(p, p.client_port) for p in pairs])
+    monkeypatch.setattr(floating, "TICKLE_AGAIN_S", 0.2)
+    monkeypatch.setattr(floating, "TICKLE_GROUP_DELAY_S", 0.05)
+    shell = FloatingAddresses(parse_mover_config({"mover": "netns"}), "p1", "198.18.0.11", fleet=True, stall_s=1.0,
+                              confirm_s=0.5, mover=FakeMover())  # type: ignore[arg-type]
+    pairs = (ClientPair(9102, "198.18.0.3", 1), ClientPair(9102, "198.18.0.3", 2, group=True),
+             ClientPair(9101, "198.18.0.3", 3))
+
+    async def run() -> None:
+        sent.clear()
+        shell.reconciler.taken(TakeAddress("p2", "198.18.0.12"))
+        await shell._tickle(TakeAddress("p2", "198.18.0.12"))
+
+    shell.peer_clients = type("Known", (), {"at": lambda self, a, o: pairs})()  # type: ignore[assignment]
+    asyncio.run(run())
+    assert [ports for _, ports in sent] == [(1, 3), (2,), (1, 3), (2,)]
+    t = [at - sent[0][0] for at, _ in sent]
+    assert 0.04 <= t[1] < 0.15 and 0.19 <= t[2] < 0.3 and 0.24 <= t[3] < 0.35
+    # only group connections: no lag before the first wave
+    shell.peer_clients = type("Known", (), {"at": lambda self, a, o: (pairs[1],)})()  # type: ignore[assignment]
+    started = time.monotonic()
+    asyncio.run(run())
+    assert [ports for _, ports in sent] == [(2,), (2,)] and sent[0][0] - started < 0.04
+
+
 def test_a_peer_that_times_out_is_asked_again_at_once_from_the_same_version():
     """A frozen peer answers when it thaws: a timed-out long poll is asked again at once and
     from the version it had (no plain re-ask after poll_s: in that gap a peer that froze again

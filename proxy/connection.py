@@ -248,12 +248,13 @@ class ClientSide(asyncio.BufferedProtocol):
             metrics.count_requests(headers)
             if not pair.group:
                 pair.group = any(h.api_key in GROUP_API_KEYS for h in headers)
-                if pair.group and self.registry.on_change is not None:
-                    self.registry.on_change()  # the client lists name group connections (tickled last)
-                if pair.group and pair.elsewhere and self.registry.served_elsewhere(pair.listener) \
-                        and self.registry.redirect_allowed(pair):
-                    self._send_to_coordinator_lookup(pair)
-                    return
+                if pair.group:
+                    if self.registry.on_change is not None:
+                        self.registry.on_change()  # the client lists name group connections (tickled last)
+                    if pair.elsewhere and self.registry.served_elsewhere(pair.listener) \
+                            and self.registry.redirect_allowed(pair):
+                        self._send_to_coordinator_lookup(pair)
+                        return
         metrics.bytes_to_broker += nbytes
         upstream = pair.upstream
         if upstream is not None:

@@ -147,6 +147,7 @@ class Member:
         self._raft = raft
         raft.on_link_lost(self._on_link_lost)
         raft.catch_up_at_once()
+        raft.trace_links(self._on_link_event)
         raft.cap_poll_wait(self._seconds_to_next_timer)
         raft.addOnTickCallback(self._on_tick)
         self._started.set()
@@ -420,9 +421,16 @@ class Member:
         now = self._clock()
         return min(hb.next_send, hb.next_expiry(now), self._core.election.next_due) - now
 
+    def _on_link_event(self, raft_address: str, what: str, fields: dict[str, Any]) -> None:
+        """A Raft link or vote event (tick thread, RaftReplica.trace_links): a ``raft_link``
+        membership event naming the peer."""
+        self._events.append({"t": self._clock(), "ts_ns": time.time_ns(), "event": "raft_link",
+                             "peer": self._addr_to_id.get(raft_address, raft_address), "link": what, **fields})
+
     def _on_link_lost(self, raft_address: str) -> None:
         """The Raft connection to a peer dropped (tick thread): probe its heartbeat
         port now, so a dead process is seen before the next beat."""
+        self._on_link_event(raft_address, "down", {})
         peer, hb = self._addr_to_id.get(raft_address), self._hb
         if peer is not None and hb is not None and not self._stop.is_set():
             hb.probe(peer, self._clock())

@@ -53,6 +53,7 @@ import socket
 from pysyncobj import SyncObj, SyncObjConf, replicated
 from pysyncobj.monotonic import monotonic as raft_clock
 from pysyncobj.poller import POLL_EVENT_TYPE
+from pysyncobj.tcp_connection import CONNECTION_STATE
 
 # pysyncobj's win_inet_pton (imported with its TCP connections) replaces socket.inet_ntop on every
 # platform with a Windows-only shim that raises TypeError: whatever the process calls it from
@@ -81,6 +82,11 @@ from membership.state import FleetState
 # The commands that came with state formats or after them: one replicated method (module doc).
 VERSIONED = (SetFormat, BeginAdd, BeginRemove, FinishRemove)
 log = logging.getLogger(__name__)
+
+_CONNECTING = CONNECTION_STATE.CONNECTING
+# pysyncobj's vote messages, as RaftReplica.trace_links names them.
+_VOTES_OUT = {"request_vote": "vote_request_out", "response_vote": "vote_out"}
+_VOTES_IN = {"request_vote": "vote_request_in", "response_vote": "vote_in"}
 
 #: The pysyncobj version the private accessors below were written and tested against.
 PINNED_PYSYNCOBJ = "0.3.17"
@@ -265,6 +271,54 @@ class RaftReplica(SyncObj):
                 callback(address)
 
         transport.setOnNodeDisconnectedCallback(lost)
+
+    def trace_links(self, record: Callable[[str, str, dict[str, Any]], None]) -> None:
+        """Call ``record(raft_address, what, fields)`` on the tick thread for what happens to the
+        Raft links and the votes sent over them: ``connecting`` (a connect begun: this node has the
+        greater address), ``up`` (keys exchanged), ``vote_request_in`` / ``vote_request_out`` (with
+        ``term`` and ``sent``: False when the link was not up, and pysyncobj never sends a vote
+        request again in the same term) and ``vote_in`` / ``vote_out``. Rare (faults and
+        elections), cheap (one dict lookup per send), for the membership events in status(): the
+        way to see why an election took several rounds. Chains after what is already hooked."""
+        transport = getattr(self, "_SyncObj__transport")
+        own_connect, own_send = transport._connectIfNecessarySingle, transport.send
+        own_message, own_connected = transport._onMessageReceivedCallback, transport._onNodeConnectedCallback
+
+        def address(node: Any) -> str:
+            return str(getattr(node, "address", node))
+
+        def connect(node: Any) -> bool:
+            conn = transport._connections.get(node)
+            before = getattr(conn, "state", None)
+            result = own_connect(node)
+            after = getattr(transport._connections.get(node), "state", None)
+            if after == _CONNECTING and before != _CONNECTING:
+                record(address(node), "connecting", {})
+            return result
+
+        def send(node: Any, message: Any) -> bool:
+            sent = own_send(node, message)
+            kind = message.get("type") if isinstance(message, dict) else None
+            if kind in _VOTES_OUT:
+                record(address(node), _VOTES_OUT[kind], {"term": message.get("term"), "sent": bool(sent)})
+            return sent
+
+        def received(node: Any, message: Any) -> None:
+            kind = message.get("type") if isinstance(message, dict) else None
+            if kind in _VOTES_IN:
+                record(address(node), _VOTES_IN[kind], {"term": message.get("term")})
+            if own_message is not None:
+                own_message(node, message)
+
+        def connected(node: Any) -> None:
+            record(address(node), "up", {})
+            if own_connected is not None:
+                own_connected(node)
+
+        transport._connectIfNecessarySingle = connect
+        transport.send = send
+        transport.setOnMessageReceivedCallback(received)
+        transport.setOnNodeConnectedCallback(connected)
 
     def catch_up_at_once(self) -> None:
         """As leader, send the next append_entries at once (not at the idle period, 0.75 s) when a

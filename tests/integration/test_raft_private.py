@@ -213,3 +213,38 @@ def test_a_peer_that_joins_late_is_caught_up_at_once_not_at_the_idle_period():
     finally:
         for r in [*rafts.values(), *([late] if late is not None else [])]:
             _destroy(r)
+
+
+def test_trace_links_reports_votes_and_a_link_made_again():
+    configs = _configs({"a": "127.0.0.49", "b": "127.0.0.50"})
+    seen: dict[str, list[tuple[str, str, dict]]] = {"a": [], "b": []}
+    rafts: dict[str, RaftReplica] = {}
+    try:
+        for p, c in configs.items():
+            rafts[p] = RaftReplica(c)
+            rafts[p].trace_links(lambda peer, what, fields, p=p: seen[p].append((peer, what, fields)))
+        for r in rafts.values():
+            r.waitBinded()
+        wait_until("one leader", lambda: sorted(r.role() for r in rafts.values()) == ["follower", "leader"],
+                   timeout=election_wait(configs["a"]))
+        leader = next(p for p, r in rafts.items() if r.role() == "leader")
+        other = next(p for p in rafts if p != leader)
+        term = rafts[leader].raftCurrentTerm
+        # The winning round: the request went out over an open link, was read, answered, and the answer read.
+        assert (configs[other].me.raft_address, "vote_request_out", {"term": term, "sent": True}) in seen[leader]
+        assert (configs[leader].me.raft_address, "vote_request_in", {"term": term}) in seen[other]
+        assert (configs[leader].me.raft_address, "vote_out", {"term": term, "sent": True}) in seen[other]
+        assert (configs[other].me.raft_address, "vote_in", {"term": term}) in seen[leader]
+        # b (the greater address) makes the link: dropped, it is connected again and both ends say so.
+        a_address, b_address = configs["a"].me.raft_address, configs["b"].me.raft_address
+        before = {p: len(s) for p, s in seen.items()}
+        transport = getattr(rafts["b"], "_SyncObj__transport")
+        conn = next(c for n, c in transport._connections.items() if n.address == a_address)
+        conn.disconnect()  # from the test thread: pysyncobj's own connect follows on the tick thread
+        wait_until("b connected to a again", lambda: (a_address, "up", {}) in seen["b"][before["b"]:], timeout=5)
+        assert (a_address, "connecting", {}) in seen["b"][before["b"]:]
+        wait_until("a took b's new link", lambda: (b_address, "up", {}) in seen["a"][before["a"]:], timeout=5)
+        assert all(what != "connecting" for _peer, what, _f in seen["a"]), "a never connects: b's address is greater"
+    finally:
+        for r in rafts.values():
+            _destroy(r)

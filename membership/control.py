@@ -19,7 +19,7 @@ What it decides:
 * **the no-quorum lease** (:class:`QuorumLease`): quorum means a majority of
   the configured members live *and* a leader we can hear;
 * **elections**: the leader's UDP beat holds them off; a silent or dead leader
-  starts one, followers in id order (membership.election, :class:`ElectionTimer`);
+  starts one, followers in id order turned by the term (membership.election, :class:`ElectionTimer`);
 * **Raft links kept open** every ``connection_timeout / 4``: those to live
   peers (see :class:`KeepLinksOpen`);
 * **join gating**: propose our own ``Join`` (with the state formats this node

@@ -18,11 +18,11 @@ backstop (``MemberConfig.raft_backstop_timeout``, with idle append_entries every
 * **leader silent**: a leader that beats but whose claim is ``raft_min_timeout`` overdue (its
   next beat was due ``heartbeat_interval`` after the last), or no leader at all for as long (a
   lost election, a fresh fleet), starts an election (:class:`HastenElection`), followers in id
-  order, the last one at ``raft_max_timeout`` overdue: the first one's vote request reaches the
-  others before their turn.
+  order turned by the term, the last one at ``raft_max_timeout`` overdue: the first one's vote
+  request reaches the others before their turn, and after a refused round another node asks first.
 * **leader dead**: the heartbeat declared the leader down (its process died and its port
   refuses, or it fell silent for ``suspect_timeout``, or it stopped hearing us): an election at
-  once, survivors in id order ``HASTEN_SPACING_S`` apart.
+  once, survivors in id order (turned by the term) ``HASTEN_SPACING_S`` apart.
 * **no campaign without a majority** (the pre-vote of Raft's thesis, §9.6, on the beat): a
   follower that has not been in two-way contact with a majority (itself counted) within
   :func:`campaign_window` starts no election, neither by the rules above nor by Raft's backstop
@@ -54,7 +54,7 @@ import attrs
 
 from topology import ProxyId
 
-# Survivors of a dead leader ask for votes this far apart, in id order (ElectionTimer._order).
+# Survivors of a dead leader ask for votes this far apart, in id order turned by the term (ElectionTimer._order).
 HASTEN_SPACING_S = 0.1
 # A silent leader's followers ask at least this far apart (their window may be narrower).
 MIN_SPACING_S = 0.02
@@ -170,8 +170,8 @@ class ElectionTimer:
         self._contact_at = float("-inf")  # when a majority was in contact again after a deferral
         #: When :meth:`update` must run next for a silent leader (inf: nothing pending).
         self.next_due = float("inf")
-        # (live, leader, _order(live, leader)): the last order, kept while its inputs are the same.
-        self._ordered: tuple[frozenset[ProxyId], ProxyId | None, list[ProxyId]] | None = None
+        # (live, leader, term, _order(...)): the last order, kept while its inputs are the same.
+        self._ordered: tuple[frozenset[ProxyId], ProxyId | None, int, list[ProxyId]] | None = None
 
     def started(self, now: float) -> None:
         self._since = now
@@ -198,7 +198,7 @@ class ElectionTimer:
             if now < settled:  # the leader's first datagrams may still say it does not hear us
                 self.next_due = settled
                 return []
-            order = self._ordered_survivors(live, leader)
+            order = self._ordered_survivors(live, leader, term)
             return [HastenElection(order.index(self.self_id) * HASTEN_SPACING_S if self.self_id in order
                                    else len(order) * HASTEN_SPACING_S)]
         out: list[HastenElection | HoldElection | DeferElection] = []
@@ -206,7 +206,7 @@ class ElectionTimer:
             self._held = beat.claimed_at
             out.append(HoldElection(self.hold_s))
         if leader is None or beat.beats:
-            due = self._silence_due(live, leader, beat)
+            due = self._silence_due(live, leader, beat, term)
             if now < due:
                 self.next_due = due
             elif due != self._fired:
@@ -214,27 +214,37 @@ class ElectionTimer:
                 out.append(HastenElection(0.0))
         return out
 
-    def _silence_due(self, live: frozenset[ProxyId], leader: ProxyId | None, beat: LeaderBeat) -> float:
+    def _silence_due(self, live: frozenset[ProxyId], leader: ProxyId | None, beat: LeaderBeat, term: int) -> float:
         """When this follower asks for votes if nothing is heard from a leader until then."""
         proof = self._since if beat.claimed_at is None else max(self._since, beat.claimed_at)
-        order = self._ordered_survivors(live, leader)
+        order = self._ordered_survivors(live, leader, term)
         rank = order.index(self.self_id) if self.self_id in order else len(order)
         spacing = max(MIN_SPACING_S, min(HASTEN_SPACING_S, self.window_s / max(1, len(order) - 1)))
         return proof + self.beat_interval + self.overdue_s + rank * spacing
 
-    def _ordered_survivors(self, live: frozenset[ProxyId], leader: ProxyId | None) -> list[ProxyId]:
-        """:meth:`_order`, kept while ``live`` and ``leader`` stay the same (asked on every tick;
-        the caller only reads it)."""
+    def _ordered_survivors(self, live: frozenset[ProxyId], leader: ProxyId | None, term: int) -> list[ProxyId]:
+        """:meth:`_order`, kept while ``live``, ``leader`` and ``term`` stay the same (asked on
+        every tick; the caller only reads it)."""
         kept = self._ordered
-        if kept is not None and kept[0] == live and kept[1] == leader:
-            return kept[2]
-        order = self._order(live, leader)
-        self._ordered = (live, leader, order)
+        if kept is not None and kept[0] == live and kept[1] == leader and kept[2] == term:
+            return kept[3]
+        order = self._order(live, leader, term)
+        self._ordered = (live, leader, term, order)
         return order
 
     @staticmethod
-    def _order(live: frozenset[ProxyId], leader: ProxyId | None) -> list[ProxyId]:
-        """Survivors in id order: random jitter smaller than a tick collided about one time in
-        three (ticks run in lockstep); if the first is refused (a shorter log), the next one
-        asks at a higher term."""
-        return sorted(live - {leader}) if leader is not None else sorted(live)
+    def _order(live: frozenset[ProxyId], leader: ProxyId | None, term: int) -> list[ProxyId]:
+        """Survivors in id order, turned by the term: random jitter smaller than a tick collided
+        about one time in three (ticks run in lockstep), and every node at a term agrees on its
+        order. Turned, because the first one may be refused round after round: a follower's log
+        can be shorter than its peers' for a moment (pysyncobj drops a follower's entries after a
+        late append_entries' prevLogIdx), and a voter with a longer log refuses it; each refusal
+        moves both to the candidate's term, so with one fixed order the same node asked first
+        every round (every 0.57 s: terms 14-19, 2.9 s without a leader after a two-node heal on
+        emulated hosts, until Raft's own 3-4.5 s timer broke the tie). Turned by the term, the
+        next round's first is another node."""
+        order = sorted(live - {leader}) if leader is not None else sorted(live)
+        if len(order) > 1:
+            turn = term % len(order)
+            order = order[turn:] + order[:turn]
+        return order

@@ -327,17 +327,19 @@ def test_the_member_view_is_replaced_only_when_it_changes():
     assert core.view.term == 3 and core.view.leader == "b" and core.view.has_quorum
 
 
-def test_the_election_order_follows_the_live_set_and_the_leader():
+def test_the_election_order_follows_the_live_set_the_leader_and_the_term():
     t = ElectionTimer("c", 0.3, 0.3, 0.25, 3.0, 0.0)
-    t.update(1.0, frozenset("abc"), "follower", "a", 3, LeaderBeat(True, 1.0))
-    second = t.next_due  # c after b
-    t.update(1.0, frozenset("ac"), "follower", "a", 3, LeaderBeat(True, 1.0))
+    t.update(1.0, frozenset("abc"), "follower", "a", 4, LeaderBeat(True, 1.0))
+    second = t.next_due  # c after b (an even term: the order is not turned)
+    t.update(1.0, frozenset("ac"), "follower", "a", 4, LeaderBeat(True, 1.0))
     assert t.next_due < second  # b gone: c asks first
-    t.update(1.0, frozenset("abc"), "follower", "a", 3, LeaderBeat(True, 1.0))
+    t.update(1.0, frozenset("abc"), "follower", "a", 4, LeaderBeat(True, 1.0))
     assert t.next_due == second
-    t.update(1.0, frozenset("abc"), "follower", "b", 4, LeaderBeat(True, 1.0))  # b leads: a, then c
+    t.update(1.0, frozenset("abc"), "follower", "b", 6, LeaderBeat(True, 1.0))  # b leads: a, then c
     assert t.next_due == second
-    t.update(1.0, frozenset("abc"), "follower", None, 5, LeaderBeat(True, 1.0))  # no leader: a, b, then c
+    t.update(1.0, frozenset("abc"), "follower", "b", 7, LeaderBeat(True, 1.0))  # an odd term: c, then a
+    assert t.next_due < second
+    t.update(1.0, frozenset("abc"), "follower", None, 6, LeaderBeat(True, 1.0))  # no leader: a, b, then c
     assert t.next_due > second
 
 

@@ -58,7 +58,7 @@ def test_leader_waits_for_warm_up_then_keeps_one_command_in_flight():
 
 
 def test_election_hastened_in_id_order_and_keepalives_scheduled():
-    view = RaftView("follower", "a", 1, joined())
+    view = RaftView("follower", "a", 2, joined())  # an even term: b, c (an odd one turns it: c, b)
     b, c = core("b"), core("c")
     assert of(HastenElection, b.tick(0.0, frozenset("bc"), True, view)) == [HastenElection(0.0)]
     assert of(HastenElection, c.tick(0.0, frozenset("bc"), True, view)) == [HastenElection(0.1)]
@@ -201,10 +201,10 @@ def test_a_node_cut_off_from_every_peer_neither_campaigns_nor_as_leader_plans():
         actions = b.tick(now, live, True, RaftView("follower", "a", 1, s), heard_at={"a": 1.0, "c": 1.0})
         assert of(HastenElection, actions) == []
         assert (of(DeferElection, actions) != []) == (now - 1.0 >= 0.25)  # the others unheard for the window
-    healthy = core("b")  # the leader a froze; c still beats
-    healthy.tick(1.0, frozenset("abc"), True, RaftView("follower", "a", 1, s), heard_at={"a": 1.0, "c": 1.0})
-    healthy.tick(1.3, frozenset("abc"), True, RaftView("follower", "a", 1, s), heard_at={"a": 1.0, "c": 1.25})
-    actions = healthy.tick(1.6, frozenset("bc"), True, RaftView("follower", "a", 1, s), heard_at={"a": 1.0, "c": 1.55})
+    healthy = core("b")  # the leader a froze; c still beats (term 2: b asks first)
+    healthy.tick(1.0, frozenset("abc"), True, RaftView("follower", "a", 2, s), heard_at={"a": 1.0, "c": 1.0})
+    healthy.tick(1.3, frozenset("abc"), True, RaftView("follower", "a", 2, s), heard_at={"a": 1.0, "c": 1.25})
+    actions = healthy.tick(1.6, frozenset("bc"), True, RaftView("follower", "a", 2, s), heard_at={"a": 1.0, "c": 1.55})
     assert of(HastenElection, actions) == [HastenElection(0.0)] and of(DeferElection, actions) == []
 
     a = core("a")

@@ -248,3 +248,47 @@ def test_trace_links_reports_votes_and_a_link_made_again():
     finally:
         for r in rafts.values():
             _destroy(r)
+
+
+def test_a_live_peers_link_stuck_in_backoff_is_reset_and_made_again(monkeypatch):
+    """keep_links_open reads each live peer's socket (pysyncobj's private one) through
+    stuck_backoff: a stuck link is aborted and connected anew; a healthy one is only marked read.
+    (That stuck_backoff reads the kernel right: tests/integration/test_raft_stuck_link.py.)"""
+    import membership.raft as raft_module
+
+    configs = _configs({"a": "127.0.0.51", "b": "127.0.0.52"})
+    seen: list[tuple[str, str, dict]] = []
+    rafts: dict[str, RaftReplica] = {}
+    try:
+        for p, c in configs.items():
+            rafts[p] = RaftReplica(c)
+        rafts["b"].trace_links(lambda peer, what, fields: seen.append((peer, what, fields)))
+        for r in rafts.values():
+            r.waitBinded()
+        a_address = configs["a"].me.raft_address
+        wait_until("b connected to a", lambda: a_address in rafts["b"].connected_peers())
+        stuck: set[int] = set()
+        real = raft_module.stuck_backoff
+        monkeypatch.setattr(raft_module, "stuck_backoff", lambda sock: 5 if sock.fileno() in stuck else real(sock))
+        transport = getattr(rafts["b"], "_SyncObj__transport")
+        conn = next(c for n, c in transport._connections.items() if n.address == a_address)
+        stuck.add(conn._TcpConnection__socket.fileno())
+        before = len(seen)
+        assert rafts["b"].keep_links_open([a_address]) == 0  # reset, not marked read
+        assert (a_address, "reset_stuck", {"backoff": 5}) in seen[before:]
+        stuck.clear()
+        wait_until("b connected to a again", lambda: (a_address, "up", {}) in seen[before:], timeout=5)
+        wait_until("the new link is up", lambda: a_address in rafts["b"].connected_peers(), timeout=5)
+        assert rafts["b"].keep_links_open([a_address]) == 1
+        # a (the smaller address) never connects: its reset's RST makes b connect anew.
+        b_address = configs["b"].me.raft_address
+        a_transport = getattr(rafts["a"], "_SyncObj__transport")
+        incoming = next(c for n, c in a_transport._connections.items() if n.address == b_address)
+        stuck.add(incoming._TcpConnection__socket.fileno())
+        before = len(seen)
+        assert rafts["a"].keep_links_open([b_address]) == 0
+        stuck.clear()
+        wait_until("b connected to a once more", lambda: (a_address, "up", {}) in seen[before:], timeout=5)
+    finally:
+        for r in rafts.values():
+            _destroy(r)

@@ -66,8 +66,10 @@ def _fleet_stats(result: dict[str, Any]) -> dict[str, Any]:
 def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, rate: float = 50.0,
         state_dir: str | None = None, out_dir: str | None = None, seed: int | None = None,
         light_clients: int = 0, progress: Callable[[dict[str, Any]], None] | None = None,
-        hosts: str = LOOPBACK, fault: str = "kill", security: Protocol = Protocol.PLAINTEXT) -> dict[str, Any]:
-    """``light_clients``: that many light clients (chaos.bench.light_clients) beside the
+        hosts: str = LOOPBACK, fault: str = "kill", security: Protocol = Protocol.PLAINTEXT,
+        workers: int = 1) -> dict[str, Any]:
+    """``workers``: data-path workers per node of the fleet brought up here (not with ``state_dir``).
+    ``light_clients``: that many light clients (chaos.bench.light_clients) beside the
     real ones during the SIGKILL drills; reported as ``light_recovered_s``.
     ``hosts``: the fleet brought up here, on loopback or on emulated hosts (``netns``).
     ``fault``: the fault of the main drills (``BENCH_FAULTS``; default SIGKILL).
@@ -80,6 +82,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
     if light_clients and security is not Protocol.PLAINTEXT:
         raise ValueError("light clients speak plaintext only")
     light_events: list[LightEvent] = []
+    light_nice = 0
     unsettled: list[int] = []  # faults injected before every light client was back
     with tempfile.TemporaryDirectory(prefix="kproxy-bench-failover-") as tmp:
         # No per-source accept limit: thousands of light clients reconnect from a few
@@ -87,7 +90,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         extra = {"limits": {"accepts_per_source_per_s": 0}} if light_clients else None
         fleet = LocalFleet.load(state_dir) if state_dir else LocalFleet.up(Path(tmp) / "fleet", first_ip=51,
                                                                             extra_config=extra, hosts=hosts,
-                                                                            security=security)
+                                                                            security=security, workers=workers)
         out = Path(out_dir) if out_dir else Path(tmp) / "traces"
         light = None
         try:
@@ -104,6 +107,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
                              Target.of_fleet(fleet), progress)
             if light is not None:
                 light_events = light.stop()
+                light_nice = light.nice if light.nice_applied else 0
                 light = None
             drain = control = None
             if drains:
@@ -125,6 +129,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         "clients": clients,
         "rate_per_producer": rate,
         "hosts": LOOPBACK if fleet.hosts is None else NETNS,
+        "workers": None if state_dir else workers,
         "security": fleet.security.value,
         "rto_ms": {f: {k: v[k] for k in ("p50", "p99", "max")} for f, v in kill["rto_ms"].items()},
         "max_gap_ms": kill.get("max_gap_ms"),
@@ -170,6 +175,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         recovered, never = light_recovered_s(light_events, fault_spans(kill.get("steps", [])))
         result["light_clients"] = light_clients
         result["light_generator_processes"] = len(split(light_clients, DEFAULT_PROCESSES))
+        result["light_generator_nice"] = light_nice
         result["light_recovered_s"] = recovered_stats(recovered)
         result["light_reconnects_measured"] = len(recovered)
         result["light_never_back"] = never

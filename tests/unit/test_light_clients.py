@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import struct
+import sys
 import time
 
 import pytest
@@ -15,7 +17,9 @@ from kio.schema.metadata.v12.response import MetadataResponse
 
 from chaos.bench.frames import make, metadata_response, response_frame
 from chaos.bench.light_clients import (
+    GENERATOR_NICE,
     FaultSpan,
+    LightClientProcess,
     LightClients,
     LightEvent,
     fault_spans,
@@ -159,3 +163,20 @@ def test_split_gives_every_client_to_exactly_one_process():
     parts = split(10, 4)
     assert parts == [(0, 3), (3, 3), (6, 2), (8, 2)]
     assert split(2, 4) == [(0, 1), (1, 1)]  # never a process without clients
+
+
+def test_the_generator_processes_run_at_the_nice_value_asked_for(tmp_path):
+    """A positive value (lower priority) is allowed to any parent, so the test runs anywhere;
+    the bench asks for GENERATOR_NICE (raised priority), which needs root."""
+    gen = LightClientProcess(["127.0.0.1:1"], 2, tmp_path / "e.jsonl", processes=2, nice=7)
+    gen.cmds = [[sys.executable, "-c", "import time; print('ready', flush=True); time.sleep(60)"]
+                for _ in gen.cmds]  # stand-ins that only say ready and wait (killed below)
+    try:
+        gen.start(timeout_s=30)
+        assert gen.nice_applied
+        assert [os.getpriority(os.PRIO_PROCESS, p.pid) for p in gen.procs] == [7, 7]
+    finally:
+        for p in gen.procs:
+            p.kill()
+            p.wait(10)
+    assert GENERATOR_NICE < 0  # ahead of the brokers, which run at 0

@@ -239,10 +239,11 @@ class ElectionTimer:
         order. Turned, because the first one may be refused round after round: a follower's log
         can be shorter than its peers' for a moment (pysyncobj drops a follower's entries after a
         late append_entries' prevLogIdx), and a voter with a longer log refuses it; each refusal
-        moves both to the candidate's term, so with one fixed order the same node asked first
-        every round (every 0.57 s: terms 14-19, 2.9 s without a leader after a two-node heal on
-        emulated hosts, until Raft's own 3-4.5 s timer broke the tie). Turned by the term, the
-        next round's first is another node."""
+        moves both to the candidate's term and restarts both silences, so with one fixed order the
+        same node would ask first every round (every ~0.55 s) until Raft's own 3-4.5 s timer broke
+        the tie (a model of two survivors, tests/unit/test_leader_beat.py; seen once on emulated
+        hosts with the turn: refused at term 2, the other asked first at term 3 and won). Turned
+        by the term, the next round's first is another node."""
         order = sorted(live - {leader}) if leader is not None else sorted(live)
         if len(order) > 1:
             turn = term % len(order)

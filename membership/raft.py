@@ -22,7 +22,7 @@ order, on the pysyncobj tick thread). Pitfalls handled here (DESIGN §9):
 
 Every access to pysyncobj's private, name-mangled internals lives in
 :class:`RaftReplica` (``role``, ``leader_address``, ``keep_links_open``,
-``on_link_lost``, ``cap_poll_wait``, ``subscribe_fd``), in :func:`election_deadline`
+``on_link_lost``, ``trace_links``, ``catch_up_at_once``, ``cap_poll_wait``, ``subscribe_fd``), in :func:`election_deadline`
 (``hasten_election``, ``hold_election``, ``defer_election``) and in :func:`bind_outgoing`; they
 are written against pysyncobj ``PINNED_PYSYNCOBJ`` and checked against a real
 ``SyncObj`` by tests/integration/test_raft_private.py.
@@ -108,6 +108,8 @@ def stuck_backoff(sock: socket.socket) -> int:
         return 0
     backoff = info[_TCPI_BACKOFF] if len(info) > _TCPI_BACKOFF else 0
     return backoff if backoff >= STUCK_BACKOFF else 0
+
+
 # pysyncobj's vote messages, as RaftReplica.trace_links names them.
 _VOTES_OUT = {"request_vote": "vote_request_out", "response_vote": "vote_out"}
 _VOTES_IN = {"request_vote": "vote_request_in", "response_vote": "vote_in"}

@@ -5,9 +5,16 @@ from __future__ import annotations
 import pytest
 
 from chaos.clients.paced import PendingCommit
-from tests.unit.test_drill_run import Clock
 
 pytestmark = pytest.mark.unit
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
 
 
 def test_offsets_are_committed_at_most_every_interval_latest_per_partition_and_all_on_stop():

@@ -9,8 +9,7 @@ import time
 from typing import Any
 
 from chaos.clients.batch import Ack, Consumed, values
-from chaos.clients.paced import (CommitRetry, ConsumerTrace, Pacer, PendingCommit, ProducerTrace, Stop, is_instance,
-                                 record_value, wire_key)
+from chaos.clients.paced import CommitRetry, ConsumerTrace, Pacer, ProducerTrace, Stop, is_instance, record_value, wire_key
 from chaos.testbed.security import ClientSecurity, client_settings
 from chaos.clients.settings import FLUSH_TIMEOUT_S, POLL_TIMEOUT_S, SETTINGS
 
@@ -142,29 +141,26 @@ def consume_paced(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> None:
         consumer = AIOKafkaConsumer(a.topic, bootstrap_servers=a.bootstrap, group_id=a.group, client_id=a.client_id,
                                     **SETTINGS["aiokafka"]["consumer"], **client_settings(a.security, "aiokafka"))
         await consumer.start()
-        pending = PendingCommit()
-
-        async def commit(offsets: dict[Any, int]) -> None:
-            retry = CommitRetry(t, rebalancing)
-            while offsets:
-                try:
-                    await consumer.commit(offsets)
-                    return
-                except Exception as exc:
-                    delay = retry.failed(exc)
-                    if delay is None:
-                        return
-                    await asyncio.sleep(delay)
-
         try:
             while not stop.requested():
                 batch = await consumer.getmany(timeout_ms=int(POLL_TIMEOUT_S * 1000))
+                if not batch:
+                    continue
+                offsets = {}
                 for tp, records in batch.items():
                     for r in records:
                         t.consume(r.value, r.partition, r.offset)
-                    pending.add({tp: records[-1].offset + 1})
-                await commit(pending.take())
-            await commit(pending.take(final=True))
+                    offsets[tp] = records[-1].offset + 1
+                retry = CommitRetry(t, rebalancing)
+                while True:
+                    try:
+                        await consumer.commit(offsets)
+                        break
+                    except Exception as exc:
+                        delay = retry.failed(exc)
+                        if delay is None:
+                            break
+                        await asyncio.sleep(delay)
         finally:
             await stop_aiokafka(consumer)
 

@@ -10,8 +10,7 @@ import time
 from typing import Any
 
 from chaos.clients.batch import Ack, ClientError, Consumed, values
-from chaos.clients.paced import (ConsumerTrace, Pacer, PendingCommit, ProducerTrace, Stop, commit_with_retry,
-                                 record_value, wire_key)
+from chaos.clients.paced import ConsumerTrace, Pacer, ProducerTrace, Stop, commit_with_retry, record_value, wire_key
 from chaos.testbed.security import ClientSecurity, client_settings
 from chaos.clients.settings import FLUSH_TIMEOUT_S, POLL_TIMEOUT_S, SETTINGS
 
@@ -146,27 +145,25 @@ def consume_paced(a: argparse.Namespace, t: ConsumerTrace, stop: Stop) -> None:
                          "error_cb": on_error, **SETTINGS["confluent"]["consumer"],
                          **client_settings(a.security, "confluent"), **rdkafka_debug()})
     consumer.subscribe([a.topic])
-    pending = PendingCommit()
-
-    def commit(offsets: dict[int, int]) -> None:
-        if offsets:
-            tps = [TopicPartition(a.topic, p, o) for p, o in offsets.items()]
-            commit_with_retry(lambda: consumer.commit(offsets=tps, asynchronous=False), t, confluent_rebalancing)
-
     try:
         while not stop.requested():
             # consume(n, timeout) waits for n messages or the whole timeout: records would
             # reach the application in ~200 ms lumps. poll() returns at the first one;
             # what is already queued behind it comes with consume(timeout=0).
             first = consumer.poll(POLL_TIMEOUT_S)
-            msgs = [] if first is None else [first, *consumer.consume(num_messages=499, timeout=0)]
+            if first is None:
+                continue
+            msgs = [first, *consumer.consume(num_messages=499, timeout=0)]
+            offsets: dict[int, int] = {}
             for m in msgs:
                 if m.error() is not None:
                     t.error(f"consume: {m.error()}")
                     continue
                 t.consume(m.value(), m.partition(), m.offset())
-                pending.add({m.partition(): m.offset() + 1})
-            commit(pending.take())
-        commit(pending.take(final=True))
+                offsets[m.partition()] = m.offset() + 1
+            if offsets:
+                tps = [TopicPartition(a.topic, p, o) for p, o in offsets.items()]
+                commit_with_retry(lambda: consumer.commit(offsets=tps, asynchronous=False), t,
+                                   confluent_rebalancing)
     finally:
         consumer.close()

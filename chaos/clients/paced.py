@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from chaos.clients.settings import (COMMIT_INTERVAL_S, COMMIT_RETRY_S, KEY_SPREAD, MAX_BEHIND_S, MAX_LIFETIME_S,
-                                    RETRY_BACKOFF_MAX_MS, RETRY_BACKOFF_MS)
+from chaos.clients.settings import (COMMIT_RETRY_S, KEY_SPREAD, MAX_BEHIND_S, MAX_LIFETIME_S, RETRY_BACKOFF_MAX_MS,
+                                    RETRY_BACKOFF_MS)
 from chaos.trace import TraceWriter
 
 log = logging.getLogger("kproxy.workloads")
@@ -179,29 +179,6 @@ class CommitRetry:
             return None
         delay, self.backoff_s = self.backoff_s, min(self.backoff_s * 2, RETRY_BACKOFF_MAX_MS / 1000)
         return delay
-
-
-class PendingCommit:
-    """The offsets consumed since the last commit (partition -> next offset), due for a commit
-    every ``interval_s`` (settings.COMMIT_INTERVAL_S) and on stop."""
-
-    __slots__ = ("offsets", "interval_s", "last", "clock")
-
-    def __init__(self, interval_s: float = COMMIT_INTERVAL_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self.offsets: dict[Any, int] = {}
-        self.interval_s = interval_s
-        self.clock = clock
-        self.last = clock()
-
-    def add(self, offsets: dict[Any, int]) -> None:
-        self.offsets.update(offsets)
-
-    def take(self, final: bool = False) -> dict[Any, int]:
-        """The offsets to commit now (and forget), or {} if none or not yet due."""
-        if not self.offsets or not (final or self.clock() - self.last >= self.interval_s):
-            return {}
-        out, self.offsets, self.last = self.offsets, {}, self.clock()
-        return out
 
 
 def commit_with_retry(commit: Callable[[], Any], t: ConsumerTrace,

@@ -16,9 +16,7 @@ Client settings (why): every family gets
     connection (10 s request timeout) is replaced before the session
     expires, so a proxy fault alone does not cause a rebalance (a rebalance
     would redeliver uncommitted records);
-  * fetch max wait 200 ms (consumers notice gaps quickly);
-  * the drill consumers commit the offsets they consumed every 0.5 s
-    (``COMMIT_INTERVAL_S``) and on stop, not after every poll.
+  * fetch max wait 200 ms (consumers notice gaps quickly).
 See ``SETTINGS`` for the exact per-family options.
 """
 
@@ -42,11 +40,6 @@ KEY_SPREAD = 1000  # wire key = seq % KEY_SPREAD (Java: --repeating-keys)
 FLUSH_TIMEOUT_S = 30.0  # producer: wait for outstanding acks on stop
 COMMIT_RETRY_S = 10.0  # consumer: keep retrying a failed commit this long
 POLL_TIMEOUT_S = 0.2  # consumer poll
-# The drill consumers commit what they consumed at most this often (and once more on stop). After
-# every poll, as before, they committed ~140 times a second each at the drill's rate: 275
-# OffsetCommits a second, each an append to __consumer_offsets replicated three ways, a third of
-# the brokers' CPU (BENCHMARKS.md, session 31).
-COMMIT_INTERVAL_S = 0.5
 TOPIC_WAIT_S = 60.0  # a consumer waits this long for its topic's metadata
 JVM_EXIT_TIMEOUT_S = 30.0  # after SIGTERM to the JVM, SIGKILL it after this long
 MAX_BEHIND_S = 0.5  # producer pacing: after a stall longer than this, do not burst to catch up

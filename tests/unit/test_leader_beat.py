@@ -280,9 +280,8 @@ def _elect(survivors: dict[str, int], dead_leader: str, term: int, until: float 
     while now < until:
         for n in sorted(survivors):
             actions = timers[n].update(now, live, roles[n], leaders[n], terms[n])
-            if HastenElection(0.0) not in actions and not any(isinstance(a, HastenElection) and a.within_s <= 0.01
-                                                                  for a in actions):
-                continue
+            if not any(isinstance(a, HastenElection) and a.within_s <= 0.01 for a in actions):
+                continue  # asks now (within a step) or not at all this step
             terms[n] += 1
             roles[n], leaders[n], voted[n] = "candidate", None, terms[n]
             votes = 1

@@ -34,12 +34,13 @@ percentile: what the drain added.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 from chaos.bench.light_clients import (DEFAULT_PROCESSES, LightClientProcess, LightEvent, fault_spans,
-                                      light_recovered_s, recovered_stats, split)
+                                      light_recovered_s, recovered_stats, recovery_stages_ms, split)
 from chaos.drills.drill import DrillConfig, Target, parse_clients, run_drill
 from chaos.testbed.fleet import LocalFleet
 from chaos.testbed.hosts import LOOPBACK, NETNS
@@ -83,6 +84,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         raise ValueError("light clients speak plaintext only")
     light_events: list[LightEvent] = []
     light_nice = 0
+    light_autogroup = False
     unsettled: list[int] = []  # faults injected before every light client was back
     with tempfile.TemporaryDirectory(prefix="kproxy-bench-failover-") as tmp:
         # No per-source accept limit: thousands of light clients reconnect from a few
@@ -108,6 +110,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
             if light is not None:
                 light_events = light.stop()
                 light_nice = light.nice if light.nice_applied else 0
+                light_autogroup = light.autogroup_nice_applied
                 light = None
             drain = control = None
             if drains:
@@ -122,6 +125,8 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
                 light.stop()
             if not state_dir:
                 fleet.down()
+                if out_dir:  # the bench's own fleet goes with the temporary directory: keep its nodes' logs
+                    shutil.copytree(fleet.state_dir / "logs", out / "fleet-logs", dirs_exist_ok=True)
     fleet_kill = _fleet_stats(kill)
     result: dict[str, Any] = {
         "drills": kill.get("repeat"),
@@ -176,7 +181,9 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         result["light_clients"] = light_clients
         result["light_generator_processes"] = len(split(light_clients, DEFAULT_PROCESSES))
         result["light_generator_nice"] = light_nice
+        result["light_generator_autogroup_nice"] = light_autogroup  # its own autogroup at that nice
         result["light_recovered_s"] = recovered_stats(recovered)
+        result["light_recovery_stages_ms"] = recovery_stages_ms(light_events, fault_spans(kill.get("steps", [])))
         result["light_reconnects_measured"] = len(recovered)
         result["light_never_back"] = never
         result["light_unsettled_faults"] = len(unsettled)

@@ -6,8 +6,12 @@ their own (each its own event loop, descriptor limit and slice of the clients;
 Each of the N light clients (asyncio, raw sockets, like chaos.bench.storm_load)
 does what a Kafka client does on a lost connection, and nothing else:
 
-1. bootstrap through the fleet (one node after the other): Metadata (no topic)
-   gives the brokers and the address advertised for each;
+1. bootstrap through the fleet: Metadata (no topic) gives the brokers and the
+   address advertised for each. The first node asked is one at random, then the
+   next one after each failed attempt, as a Kafka client picks the node for a
+   Metadata request (Java's ``leastLoadedNode`` starts at a random offset; a
+   fixed order would send every client of a dead node's identity to the same
+   survivor);
 2. connect to the address of its broker identity (client ``i`` takes the
    ``i % M``-th of the M identities, so the clients spread evenly over the
    identities and a node carries the clients of the identities it owns) and
@@ -50,6 +54,7 @@ from kio.schema.metadata.v12.response import MetadataResponse
 
 from chaos.bench.frames import decode_response, make, request_frame
 from chaos.measures import percentile
+from chaos.testbed.process import die_with_parent, raise_priority
 
 _LEN = struct.Struct(">i")
 CLIENT_ID = "kproxy-light"
@@ -64,6 +69,8 @@ DEFAULT_PROCESSES = 4
 # The generator processes run at this nice value (LightClientProcess), ahead of everything else
 # on the machine, where the process may raise its priority (root): see there.
 GENERATOR_NICE = -5
+# Set in the bench's environment: each generator process also writes its loop's lag (_lag_probe).
+LAG_ENV = "KPROXY_LIGHT_LAG"
 BACKOFF_FIRST_S = 0.05
 BACKOFF_MAX_S = 1.0
 
@@ -74,6 +81,9 @@ class LightEvent:
     event: str  # "lost", "back", or "fail" (an attempt that failed; ``reason`` says where and how)
     ts_ns: int
     reason: str = ""
+    # On "back": milliseconds each step of this attempt took (bootstrap-connect, metadata,
+    # connect, api-versions; "wait": from the loss to the attempt, the backoff and the loop's lag).
+    stages: dict[str, float] = attrs.field(factory=dict)
 
 
 @attrs.frozen
@@ -105,6 +115,33 @@ def light_recovered_s(events: Iterable[LightEvent], faults: Sequence[FaultSpan])
             else:
                 recovered.append((back.ts_ns - fault.fault_ts_ns) / 1e9)
     return recovered, never
+
+
+def recovery_stages_ms(events: Iterable[LightEvent], faults: Sequence[FaultSpan]) -> dict[str, dict[str, float | None]]:
+    """Where the recoveries :func:`light_recovered_s` measures went: per step of the attempt that
+    brought a client back (``LightEvent.stages``), p50 / p99 / max in ms over those clients;
+    ``noticed``: from the fault to the client reading its connection lost."""
+    by_client: dict[int, list[LightEvent]] = {}
+    for e in sorted(events, key=lambda e: e.ts_ns):
+        by_client.setdefault(e.client, []).append(e)
+    steps: dict[str, list[float]] = {}
+    for fault in faults:
+        for history in by_client.values():
+            lost = next((e for e in history if e.event == "lost" and e.ts_ns >= fault.fault_ts_ns
+                         and (fault.end_ts_ns is None or e.ts_ns < fault.end_ts_ns)), None)
+            back = None if lost is None else next(
+                (e for e in history if e.event == "back" and e.ts_ns >= lost.ts_ns), None)
+            if lost is None or back is None:
+                continue
+            steps.setdefault("noticed", []).append((lost.ts_ns - fault.fault_ts_ns) / 1e6)
+            for name, ms in back.stages.items():
+                steps.setdefault(name, []).append(ms)
+    out: dict[str, dict[str, float | None]] = {}
+    for name, values in steps.items():
+        p50, p99 = percentile(values, 0.5), percentile(values, 0.99)
+        out[name] = {"p50": None if p50 is None else round(p50, 1), "p99": None if p99 is None else round(p99, 1),
+                     "max": round(max(values), 1)}
+    return out
 
 
 def recovered_stats(recovered: list[float]) -> dict[str, float | None]:
@@ -145,6 +182,23 @@ async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, f
     return body
 
 
+class _Stages:
+    """The step an attempt is at, and how long each step took (ms). ``wait``: from the loss
+    (or the failed attempt before) to this attempt's start; a failed attempt's wait counts on."""
+
+    __slots__ = ("name", "ms", "_at")
+
+    def __init__(self, since_ns: int) -> None:
+        self.name = "wait"
+        self.ms: dict[str, float] = {}
+        self._at = since_ns
+
+    def begin(self, name: str) -> None:
+        now = time.monotonic_ns()
+        self.ms[self.name] = round(self.ms.get(self.name, 0.0) + (now - self._at) / 1e6, 1)
+        self.name, self._at = name, now
+
+
 class LightClients:
     """The N clients of one process (see the module doc)."""
 
@@ -161,23 +215,25 @@ class LightClients:
         self.first_back = 0
         self.all_back = asyncio.Event()
 
-    def record(self, client: int, event: str, reason: str = "") -> None:
-        line = {"client": client, "event": event, "ts_ns": time.time_ns()}
+    def record(self, client: int, event: str, reason: str = "", stages: dict[str, float] | None = None) -> None:
+        line: dict[str, Any] = {"client": client, "event": event, "ts_ns": time.time_ns()}
         if reason:
             line["reason"] = reason
+        if stages:
+            line["stages"] = stages
         self.out.write(json.dumps(line) + "\n")
 
     async def _open(self, client: int, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         async with asyncio.timeout(REQUEST_TIMEOUT_S):
             return await asyncio.open_connection(host, port, local_addr=(self.sources[client % len(self.sources)], 0))
 
-    async def _locate(self, client: int, attempt: int, stage: list[str]) -> tuple[str, int]:
+    async def _locate(self, client: int, attempt: int, stage: _Stages) -> tuple[str, int]:
         """The address the fleet advertises now for this client's broker identity."""
-        host, port = self.bootstrap[(client + attempt) % len(self.bootstrap)]
-        stage[0] = "bootstrap-connect"
+        host, port = self.bootstrap[attempt % len(self.bootstrap)]
+        stage.begin("bootstrap-connect")
         reader, writer = await self._open(client, host, port)
         try:
-            stage[0] = "metadata"
+            stage.begin("metadata")
             body = await _request(reader, writer, self.metadata, MetadataResponse)
         finally:
             writer.transport.abort()
@@ -188,19 +244,20 @@ class LightClients:
         return bhost, int(bport)
 
     async def client(self, client: int) -> None:
-        attempt, backoff = 0, BACKOFF_FIRST_S
+        attempt, backoff = random.randrange(len(self.bootstrap)), BACKOFF_FIRST_S  # the node asked first
         first = True
+        lost_ns = time.monotonic_ns()
         while True:
             writer = None
-            stage = [""]
+            stage = _Stages(lost_ns)
             try:
                 host, port = await self._locate(client, attempt, stage)
-                stage[0] = "connect"
+                stage.begin("connect")
                 reader, writer = await self._open(client, host, port)
-                stage[0] = "api-versions"
+                stage.begin("api-versions")
                 await _request(reader, writer, self.api_versions, ApiVersionsResponse)
-                stage[0] = "held"
-                self.record(client, "back")
+                stage.begin("held")
+                self.record(client, "back", stages=stage.ms)
                 backoff = BACKOFF_FIRST_S
                 if first:
                     first = False
@@ -208,12 +265,16 @@ class LightClients:
                     if self.first_back == self.clients:
                         self.all_back.set()
                 await reader.read(1)  # the broker never sends unasked: this returns when the connection is lost
+                lost_ns = time.monotonic_ns()
+                attempt = random.randrange(len(self.bootstrap))
                 self.record(client, "lost")
             except (OSError, EOFError, ValueError, TimeoutError) as exc:
-                if stage[0] == "held":
+                if stage.name == "held":
+                    lost_ns = time.monotonic_ns()
+                    attempt = random.randrange(len(self.bootstrap))
                     self.record(client, "lost")
                 else:
-                    self.record(client, "fail", f"{stage[0]}:{type(exc).__name__}")
+                    self.record(client, "fail", f"{stage.name}:{type(exc).__name__}")
                 attempt += 1
                 await asyncio.sleep(backoff * random.uniform(0.8, 1.2))
                 backoff = min(2 * backoff, BACKOFF_MAX_S)
@@ -233,6 +294,8 @@ async def _main(args: argparse.Namespace) -> None:
         run = LightClients(bootstrap, args.clients, source_addresses(args.sources), out)
         tasks = [asyncio.ensure_future(run.client(args.first + i)) for i in range(args.clients)]
         tasks.append(asyncio.ensure_future(_flush_often(out)))
+        if os.environ.get(LAG_ENV):
+            tasks.append(asyncio.ensure_future(_lag_probe(args.out + ".lag")))
         ready = asyncio.ensure_future(run.all_back.wait())
         await asyncio.wait([ready, asyncio.ensure_future(stop.wait())], return_when=asyncio.FIRST_COMPLETED)
         if ready.done():
@@ -241,6 +304,22 @@ async def _main(args: argparse.Namespace) -> None:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _lag_probe(path: str) -> None:
+    """Diagnosis (``LAG_ENV``): every 0.25 s, the loop's worst lateness over 10 ms sleeps and the
+    process's CPU time so far, to ``<events>.lag``: a generator whose loop runs late while it uses
+    little CPU is waiting for the CPU (BENCHMARKS.md, session 32)."""
+    with open(path, "a") as f:
+        while True:
+            worst, end = 0.0, time.monotonic() + 0.25
+            while time.monotonic() < end:
+                t = time.monotonic()
+                await asyncio.sleep(0.01)
+                worst = max(worst, time.monotonic() - t - 0.01)
+            f.write(json.dumps({"ts_ns": time.time_ns(), "lag_ms": round(worst * 1e3, 1),
+                                "cpu_s": round(time.process_time(), 3)}) + "\n")
+            f.flush()
 
 
 async def _flush_often(out: IO[str]) -> None:
@@ -327,11 +406,15 @@ class LightClientProcess:
     thread gets a few tenths of a core, and it then notices the cut connections (and answers
     arriving) seconds late, which the bench would count against the fleet.
 
-    And at ``nice`` (``GENERATOR_NICE``, where allowed; ``nice_applied`` says whether it was):
-    the light clients stand for thousands of application hosts with CPUs of their own, but here
-    the three brokers' hundred-odd threads out-compete the four generator processes: in the
-    session-31 runs at the default priority they got 0.11-0.16 of a core through each storm and
-    read the first fault's cut connections over 0-3 s after the SIGKILL (BENCHMARKS.md)."""
+    And at ``nice`` (``GENERATOR_NICE``, where allowed; ``nice_applied`` and, for the kernel's
+    session autogroups, ``autogroup_nice_applied`` say whether it was): the light clients stand
+    for thousands of application hosts with CPUs of their own, but here they share two cores
+    with the system under test. The brokers, nodes and drill clients each lead a session, so
+    under autogroup each is scheduled as one group, and the four generator processes were one
+    more group, shared with the bench: in the session-31 and -32 runs (the nice value alone,
+    which only ranks a process within its group) they got 0.11-0.16 of a core through each
+    storm, their loops ran up to 1.5 s late while using 0.02-0.16 of a core each, and read the
+    first fault's cut connections over 0-3 s after the SIGKILL (BENCHMARKS.md)."""
 
     def __init__(self, bootstrap: Sequence[str], clients: int, events: Path, *, sources: int = 20,
                  processes: int = DEFAULT_PROCESSES, python: str = sys.executable,
@@ -339,6 +422,7 @@ class LightClientProcess:
         self.events = events
         self.nice = nice
         self.nice_applied = False
+        self.autogroup_nice_applied = False
         self.cmds = [[python, "-m", "chaos.bench.light_clients", "--bootstrap", ",".join(bootstrap),
                       "--clients", str(count), "--first", str(first), "--sources", str(sources),
                       "--out", str(events_file(events, k))]
@@ -348,14 +432,14 @@ class LightClientProcess:
                       for k, (_, count) in enumerate(split(clients, processes))]
 
     def start(self, timeout_s: float = 120.0) -> None:
-        self.procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) for cmd in self.cmds]
+        # Each a session of its own: the kernel's autogroup then schedules it apart from the bench
+        # (see raise_priority); and it dies with the bench.
+        self.procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, start_new_session=True,
+                                       preexec_fn=die_with_parent) for cmd in self.cmds]
         if self.nice is not None:
-            try:
-                for proc in self.procs:
-                    os.setpriority(os.PRIO_PROCESS, proc.pid, self.nice)
-                self.nice_applied = True
-            except OSError:  # not allowed (not root) or a process already gone: the default priority
-                self.nice_applied = False
+            applied = [raise_priority(proc.pid, self.nice) for proc in self.procs]
+            self.nice_applied = all(nice for nice, _ in applied)
+            self.autogroup_nice_applied = all(group for _, group in applied)
         ready: list[str] = []
 
         def read_ready(proc: subprocess.Popen[str]) -> None:

@@ -25,8 +25,10 @@ from chaos.bench.light_clients import (
     fault_spans,
     light_recovered_s,
     recovered_stats,
+    recovery_stages_ms,
 )
 from chaos.bench.storm_load import source_addresses
+from chaos.testbed.process import AUTOGROUP_SWITCH
 
 pytestmark = pytest.mark.unit
 
@@ -175,8 +177,71 @@ def test_the_generator_processes_run_at_the_nice_value_asked_for(tmp_path):
         gen.start(timeout_s=30)
         assert gen.nice_applied
         assert [os.getpriority(os.PRIO_PROCESS, p.pid) for p in gen.procs] == [7, 7]
+        # each leads a session of its own: under autogroup, its own group, at that nice value too
+        assert [os.getsid(p.pid) for p in gen.procs] == [p.pid for p in gen.procs]
+        if AUTOGROUP_SWITCH.exists() and AUTOGROUP_SWITCH.read_text().strip() == "1":
+            assert gen.autogroup_nice_applied
+            for p in gen.procs:
+                assert open(f"/proc/{p.pid}/autogroup").read().split()[-1] == "7"
     finally:
         for p in gen.procs:
             p.kill()
             p.wait(10)
     assert GENERATOR_NICE < 0  # ahead of the brokers, which run at 0
+
+
+def test_recovery_stages_come_from_the_attempt_that_brought_each_cut_client_back():
+    def back(client: int, t_s: float, **stages: float) -> LightEvent:
+        return LightEvent(client, "back", int(t_s * S), stages={k.replace("_", "-"): v for k, v in stages.items()})
+
+    events = [
+        back(0, 1.0, metadata=1.0), back(1, 1.0, metadata=2.0),  # the first connects: before the fault
+        ev(0, "lost", 10.1), back(0, 11.0, wait=0.0, metadata=300.0, api_versions=500.0),
+        ev(1, "lost", 10.3), ev(1, "fail", 10.4), back(1, 12.0, wait=400.0, metadata=700.0, api_versions=100.0),
+        ev(2, "lost", 25.0), back(2, 26.0, metadata=9000.0),  # after the window
+    ]
+    stages = recovery_stages_ms(events, [FaultSpan(10 * S, 20 * S)])
+    assert stages["noticed"]["max"] == pytest.approx(300.0)
+    assert stages["metadata"]["max"] == 700.0
+    assert stages["metadata"]["p50"] == pytest.approx(500.0)  # chaos.measures.percentile interpolates
+    assert stages["wait"]["max"] == 400.0
+    assert stages["api-versions"]["max"] == 500.0
+    assert set(stages) == {"noticed", "wait", "metadata", "api-versions"}
+
+
+def test_a_cut_client_asks_the_bootstrap_nodes_from_a_random_one_then_the_next(monkeypatch):
+    """As a Kafka client picks the node for a Metadata request: a fixed order would send every
+    client of a dead node's identity to one survivor."""
+    import random as random_module
+
+    fleet = [("127.0.0.1", 1), ("127.0.0.1", 2), ("127.0.0.1", 3)]
+    asked: list[int] = []
+
+    class Stop(Exception):
+        pass
+
+    async def scenario() -> None:
+        run = LightClients(fleet, 1, source_addresses(1), io.StringIO())
+
+        async def locate(client: int, attempt: int, stage: object) -> tuple[str, int]:
+            asked.append(fleet[attempt % len(fleet)][1])
+            if len(asked) >= 4:
+                raise Stop
+            raise ConnectionRefusedError
+
+        async def no_sleep(_: float) -> None:
+            return None
+
+        monkeypatch.setattr(run, "_locate", locate)
+        monkeypatch.setattr(asyncio, "sleep", no_sleep)
+        with pytest.raises(Stop):
+            await run.client(0)
+
+    starts = set()
+    for seed in range(12):
+        random_module.seed(seed)
+        asked.clear()
+        uvloop.run(scenario())
+        assert [(a - asked[0]) % 3 for a in asked] == [0, 1, 2, 0]  # then the next, round
+        starts.add(asked[0])
+    assert starts == {1, 2, 3}

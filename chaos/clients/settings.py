@@ -16,7 +16,12 @@ Client settings (why): every family gets
     connection (10 s request timeout) is replaced before the session
     expires, so a proxy fault alone does not cause a rebalance (a rebalance
     would redeliver uncommitted records);
-  * fetch max wait 200 ms (consumers notice gaps quickly).
+  * fetch: a broker answers once it has ``FETCH_MIN_BYTES`` or after
+    ``FETCH_MAX_WAIT_MS`` (50 ms); with the default of one byte, every record
+    came back in a fetch of its own, and the drill consumers, which commit
+    after every poll, committed ~140 times a second each: their fetches and
+    commits kept the three brokers busy with most of a core (BENCHMARKS.md,
+    session 32). A record now reaches a consumer up to 50 ms later.
 See ``SETTINGS`` for the exact per-family options.
 """
 
@@ -33,7 +38,8 @@ RECONNECT_BACKOFF_MAX_MS = 1_000
 RETRY_BACKOFF_MS = 100
 RETRY_BACKOFF_MAX_MS = 1_000
 DELIVERY_TIMEOUT_MS = 120_000  # Java/kafka-python/librdkafka: give up on a record after this long
-FETCH_MAX_WAIT_MS = 200
+FETCH_MAX_WAIT_MS = 50
+FETCH_MIN_BYTES = 64 * 1024  # more than the drill's records fill in FETCH_MAX_WAIT_MS
 LINGER_MS = 5
 KEY_SPREAD = 1000  # wire key = seq % KEY_SPREAD (Java: --repeating-keys)
 
@@ -64,6 +70,7 @@ SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
             "retry_backoff_ms": RETRY_BACKOFF_MS,
             "metadata_max_age_ms": METADATA_MAX_AGE_MS,
             "fetch_max_wait_ms": FETCH_MAX_WAIT_MS,
+            "fetch_min_bytes": FETCH_MIN_BYTES,
         },
     },
     "confluent": {
@@ -93,6 +100,7 @@ SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
             "retry.backoff.max.ms": RETRY_BACKOFF_MAX_MS,
             "topic.metadata.refresh.interval.ms": METADATA_MAX_AGE_MS,
             "fetch.wait.max.ms": FETCH_MAX_WAIT_MS,
+            "fetch.min.bytes": FETCH_MIN_BYTES,
             "log_level": 3,
         },
     },
@@ -119,6 +127,7 @@ SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
             "retry_backoff_ms": RETRY_BACKOFF_MS,
             "metadata_max_age_ms": METADATA_MAX_AGE_MS,
             "fetch_max_wait_ms": FETCH_MAX_WAIT_MS,
+            "fetch_min_bytes": FETCH_MIN_BYTES,
         },
     },
     "java": {
@@ -146,6 +155,7 @@ SETTINGS: dict[str, dict[str, dict[str, Any]]] = {
             "retry.backoff.max.ms": str(RETRY_BACKOFF_MAX_MS),
             "metadata.max.age.ms": str(METADATA_MAX_AGE_MS),
             "fetch.max.wait.ms": str(FETCH_MAX_WAIT_MS),
+            "fetch.min.bytes": str(FETCH_MIN_BYTES),
         },
     },
 }

@@ -290,6 +290,12 @@ class Turn:
             self._timer = asyncio.get_running_loop().call_later(turns.pacer.settings.hold_s, self._give_back,
                                                                 "held")
 
+    def syn_resent(self) -> None:
+        """The connect's SYN went unanswered and was sent again (proxy.sockets): the broker's
+        accept queue was full, the same sign as a slow connect."""
+        if not self._observed:
+            self._observe(self._turns.pacer.settings.slow_s)
+
     def answered(self) -> None:
         """The broker's first bytes on this connection."""
         if not self._observed:

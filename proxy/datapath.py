@@ -53,7 +53,7 @@ from proxy.logs import describe_error
 from proxy.metrics import ProxyMetrics
 from proxy.registry import ConnectionRegistry
 from proxy.rewrite import BrokerAddress, ResponseRewriter
-from proxy.sockets import create_connection_from, first_connection
+from proxy.sockets import SYN_RESEND_S, create_connection_from, first_connection
 from proxy.status import BrokerRow
 from proxy.takeover import REMOVED_STAND_IN_S, floating_stand_ins, removed_stand_ins, wanted_stand_ins
 from proxy.tls import HANDSHAKE_TIMEOUT_S, CertificateReloader, HandshakeFailures, TlsEndpoint, describe
@@ -446,14 +446,19 @@ class DataPath:
         if tls is not None:
             pair.tls = True  # before UpstreamSide is made: it decides on splicing
 
+        def resent() -> None:
+            if turn is not None:
+                turn.syn_resent()
+
         async def connect(address: HostPort) -> asyncio.Transport:
             local = source_address(self._bind_host, address.host)
             if tls is None:
                 transport, _ = await create_connection_from(lambda: UpstreamSide(pair), address.host, address.port,
-                                                            local)
+                                                            local, resend_s=SYN_RESEND_S, on_resend=resent)
             else:
                 transport, _ = await create_connection_from(
                     lambda: UpstreamSide(pair), address.host, address.port, local,
+                    resend_s=SYN_RESEND_S, on_resend=resent,
                     ssl=tls, server_hostname=address.host, ssl_handshake_timeout=HANDSHAKE_TIMEOUT_S)
             return transport
 

@@ -28,6 +28,7 @@ from proxy.addresses.peers import ChangeCounter, listing
 from proxy.admin import AdminServer, membership_actions
 from proxy.config import Config, ConfigError, http_url, load
 from proxy.datapath import DataPath
+from proxy.heap import settle_heap
 from proxy.reload import ReloadPlan, plan_reload
 from proxy.status import NodeStatus, node_status
 from proxy.tls import admin_context
@@ -188,6 +189,10 @@ class NodeRuntime:
             raise
         self.ready = True
         self.datapath.watch_stalls()
+        # As a worker does (proxy.heap): before, a one-process node walked its start-up heap (and
+        # the Raft member's) in every full collection, 15% of its loop in a reconnect storm
+        # (py-spy, BENCHMARKS.md session 32).
+        settle_heap()
         for sig in (signal.SIGTERM, signal.SIGINT):
             self.loop.add_signal_handler(sig, self._stopped.set)
         self.loop.add_signal_handler(signal.SIGHUP, self._on_sighup)  # certificates and config (proxy.reload)

@@ -21,12 +21,16 @@ import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-__all__ = ("IP_BIND_ADDRESS_NO_PORT", "bound_socket", "create_connection_from", "first_connection",
-           "open_connection_from")
+__all__ = ("IP_BIND_ADDRESS_NO_PORT", "MAX_SYN_RESENDS", "SYN_RESEND_S", "bound_socket", "connect_resending",
+           "create_connection_from", "first_connection", "open_connection_from")
 
 # Python defines the constant from 3.12 on; its value in Linux's <linux/in.h>.
 IP_BIND_ADDRESS_NO_PORT: int | None = getattr(socket, "IP_BIND_ADDRESS_NO_PORT",
                                               24 if sys.platform.startswith("linux") else None)
+# connect_resending: an upstream SYN unanswered this long is sent again on a fresh socket, at
+# most this many times per connect (the caller's timeout bounds the whole).
+SYN_RESEND_S = 0.25
+MAX_SYN_RESENDS = 8
 P = TypeVar("P", bound=asyncio.BaseProtocol)
 T = TypeVar("T")
 A = TypeVar("A")
@@ -51,17 +55,52 @@ def bound_socket(local: tuple[str, int]) -> socket.socket:
     return sock
 
 
+async def connect_resending(local: tuple[str, int], address: tuple[str, int], *, resend_s: float | None,
+                            on_resend: Callable[[], None] = lambda: None) -> socket.socket:
+    """A socket bound to ``local`` and connected to ``address``. Without an answer within
+    ``resend_s`` the attempt is dropped and made again on a fresh socket, a fresh SYN at once,
+    up to ``MAX_SYN_RESENDS`` times (then the last attempt waits as long as the caller lets
+    it); ``on_resend()`` hears of each. None: one attempt, the kernel's own retransmissions.
+
+    A broker whose accept queue is full drops the SYN (Kafka's is 50 deep by default), and the
+    kernel sends it again only after TCP's initial retransmission timeout, 1 s, then 3 s: a
+    reconnect storm's unlucky connects each lost a second, a real client's among them
+    (BENCHMARKS.md, session 32: an aiokafka consumer's coordinator connection answered 1.005 s
+    after it was made). The brokers behind a node are near it: a SYN-ACK takes well under a
+    millisecond to a few, so an unanswered SYN after ``resend_s`` was dropped. The dropped
+    attempt's socket is closed: should its SYN-ACK still come, the kernel answers it with an RST."""
+    loop = asyncio.get_running_loop()
+    for attempt in range(MAX_SYN_RESENDS + 1):
+        sock = bound_socket(local)
+        try:
+            if resend_s is None or attempt == MAX_SYN_RESENDS:
+                await loop.sock_connect(sock, address)
+                return sock
+            try:
+                async with asyncio.timeout(resend_s):
+                    await loop.sock_connect(sock, address)
+                return sock
+            except TimeoutError:
+                sock.close()
+                on_resend()
+        except BaseException:
+            sock.close()
+            raise
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
 async def create_connection_from(factory: Callable[[], P], host: str, port: int, local: tuple[str, int] | None,
+                                 *, resend_s: float | None = None, on_resend: Callable[[], None] = lambda: None,
                                  **kwargs: Any) -> tuple[asyncio.Transport, P]:
     """``loop.create_connection(factory, host, port, local_addr=local, **kwargs)``, with the
-    source port chosen at connect (see the module doc). ``kwargs``: ``ssl``,
+    source port chosen at connect (see the module doc), and a SYN left unanswered
+    ``resend_s`` sent again on a fresh socket (:func:`connect_resending`). ``kwargs``: ``ssl``,
     ``server_hostname``, ``ssl_handshake_timeout``."""
     loop = asyncio.get_running_loop()
     if local is None:
         return await loop.create_connection(factory, host, port, **kwargs)  # type: ignore[return-value]
-    sock = bound_socket(local)
+    sock = await connect_resending(local, (host, port), resend_s=resend_s, on_resend=on_resend)
     try:
-        await loop.sock_connect(sock, (host, port))
         return await loop.create_connection(factory, sock=sock, **kwargs)  # type: ignore[return-value]
     except BaseException:
         sock.close()

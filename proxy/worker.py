@@ -15,7 +15,6 @@ data path down at once, as it does a single-process node.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import signal
@@ -28,6 +27,7 @@ import uvloop
 from membership.serving import ServingMap
 from proxy import logs
 from proxy.datapath import DataPath
+from proxy.heap import GC_THRESHOLDS, settle_heap  # noqa: F401 (GC_THRESHOLDS: tests, docs)
 from proxy.profiling import profiled
 from proxy.upstream import UpstreamBroker
 from proxy.worker_wire import (
@@ -51,8 +51,6 @@ from proxy.worker_wire import (
 
 log = logging.getLogger("kproxy.worker")
 PR_SET_PDEATHSIG = 1
-# The cyclic garbage collector's thresholds once the worker serves (see settle_heap).
-GC_THRESHOLDS = (700, 10, 100)
 
 
 def die_with_parent() -> None:
@@ -63,21 +61,6 @@ def die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):
         pass
-
-
-def settle_heap() -> None:
-    """Once the worker serves: freeze what start-up made, and consider a full collection
-    ten times less often (Python's default third threshold is 10).
-
-    The data path makes no reference cycles to speak of (in a 10,000-client storm the
-    collector found nothing; proxy.profiling), yet every full collection walks every
-    tracked object: the ~90,000 of start-up (imports, schemas, the rewriter's tables) and
-    those of every connection held, 70-150 ms per pass at 5,000 connections, the loop
-    stopped meanwhile (accepts wait, queues fill). Frozen objects are never walked again; the
-    young generations are collected as before, so short-lived cycles still go at once."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
 
 
 def read_setup(sock: socket.socket) -> WorkerSetup:

@@ -274,6 +274,24 @@ def test_a_busy_brokers_slow_answer_is_no_cut_but_one_after_a_resent_syn_ack_is(
     assert uvloop.run(main()) == [8, 4]
 
 
+def test_a_resent_syn_cuts_the_limit_like_a_slow_connect_and_its_answer_adds_nothing() -> None:
+    now = [100.0]
+
+    async def main() -> list[int]:
+        turns = ConnectTurns(_limit_only(initial=8, floor=1, slow_s=0.5, cut_every_s=1.0), clock=lambda: now[0])
+        limits = []
+        turn = await turns.wait(A)
+        now[0] += 0.3
+        turn.syn_resent()  # its SYN dropped: the broker's accept queue was full
+        limits.append(turns.pacer.limit(A))
+        turn.connected()  # 0.3 s in all: under slow_s, yet no additive increase either
+        turn.answered()
+        limits.append(turns.pacer.limit(A))
+        return limits
+
+    assert uvloop.run(main()) == [4, 4]
+
+
 def test_a_waiter_cancelled_in_the_queue_leaves_no_turn_behind() -> None:
     async def main() -> tuple[int, int]:
         turns = ConnectTurns(_limit_only(initial=1, floor=1))

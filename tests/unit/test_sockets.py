@@ -13,7 +13,9 @@ import uvloop
 
 from proxy.sockets import (
     IP_BIND_ADDRESS_NO_PORT,
+    MAX_SYN_RESENDS,
     bound_socket,
+    connect_resending,
     create_connection_from,
     first_connection,
     open_connection_from,
@@ -238,3 +240,88 @@ def test_a_full_accept_queue_times_out_and_the_retry_gets_through() -> None:
         listener.close()
     assert outcomes == ["TimeoutError"]
     assert result is not None and result[1] == address
+
+
+def test_a_dropped_syn_is_sent_again_on_a_fresh_socket_before_the_kernels_one_second() -> None:
+    """A listener whose accept queue is full drops the SYN; the kernel would send it again 1 s
+    later. connect_resending makes the attempt again after resend_s: once the queue has room
+    (the listener accepted), the fresh SYN gets through."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.83", 0))
+    listener.listen(0)
+    address = listener.getsockname()
+    queued: list[socket.socket] = []
+    resends: list[float] = []
+
+    async def main() -> tuple[float, tuple[str, int]]:
+        loop = asyncio.get_running_loop()
+        for _ in range(4):  # more than a backlog of 0 holds: the queue is full, later SYNs dropped
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(address)
+            except BlockingIOError:
+                pass
+            queued.append(s)
+
+        def resent() -> None:
+            resends.append(loop.time())
+            listener.setblocking(False)
+            while True:  # the broker catches up: its queue empties
+                try:
+                    queued.append(listener.accept()[0])
+                except BlockingIOError:
+                    break
+
+        began = loop.time()
+        sock = await asyncio.wait_for(
+            connect_resending(("127.0.0.84", 0), address, resend_s=0.1, on_resend=resent), 5)
+        took = loop.time() - began
+        peer = sock.getpeername()
+        sock.close()
+        return took, peer
+
+    try:
+        took, peer = uvloop.run(main())
+    finally:
+        for s in queued:
+            s.close()
+        listener.close()
+    assert peer == address
+    assert len(resends) >= 1  # the first SYN was dropped, the attempt made again
+    assert took < 0.9  # through on a fresh SYN, not the kernel's retransmission 1 s after the first
+
+
+def test_connect_resending_gives_up_resending_after_max_and_waits_on_the_last() -> None:
+    """Never answered (a queue that stays full): MAX_SYN_RESENDS fresh attempts, then the last
+    one waits on the kernel's retransmissions until the caller's timeout."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.85", 0))
+    listener.listen(0)
+    address = listener.getsockname()
+    queued: list[socket.socket] = []
+    resends: list[int] = []
+
+    async def main() -> None:
+        for _ in range(4):
+            s = socket.socket()
+            s.setblocking(False)
+            try:
+                s.connect(address)
+            except BlockingIOError:
+                pass
+            queued.append(s)
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(MAX_SYN_RESENDS * 0.02 + 0.5):
+                await connect_resending(("127.0.0.86", 0), address, resend_s=0.02,
+                                        on_resend=lambda: resends.append(1))
+
+    fds = _open_descriptors()
+    try:
+        uvloop.run(main())
+    finally:
+        for s in queued:
+            s.close()
+        listener.close()
+    assert len(resends) == MAX_SYN_RESENDS
+    assert _open_descriptors() <= fds  # every dropped attempt's socket closed

@@ -1,4 +1,4 @@
-"""proxy.worker.settle_heap and proxy.profiling: the worker's garbage collector settings and timings."""
+"""proxy.heap.settle_heap (a worker's and a one-process node's) and proxy.profiling: the worker's garbage collector settings and timings."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from proxy.profiling import GC_ONLY_ENV, PROFILE_DIR_ENV, GcTimes, profiled
-from proxy.worker import GC_THRESHOLDS, settle_heap
+from proxy.heap import GC_THRESHOLDS, settle_heap
 
 pytestmark = [pytest.mark.unit]
 

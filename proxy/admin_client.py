@@ -227,6 +227,19 @@ class ClusterAdmin:
             time.sleep(0.1)
         raise AdminError(f"fleet not balanced within {timeout}s: identities per node {loads}")
 
+    def wait_moves_done(self, timeout: float = 15.0) -> bool:
+        """Until no node has a connection still moving (``/status`` ``moving``: draining, its
+        identity handed back or the node draining, not closed yet; a busy client's goes at the
+        drain deadline, ``limits.drain_timeout_s``) and every node answers; False at the timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            statuses = self.statuses()
+            if all(s is not None and s.moving == 0 for s in statuses.values()):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)  # polling the nodes' status: no notification to wait on
+
     def wait_steady(self, timeout: float = 30.0) -> FleetView:
         """Until ready for the next fault: balanced (a fleet whose addresses float also waits
         until every address is back on its own node: ``chaos.testbed.fleet.LocalFleet``)."""

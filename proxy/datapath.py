@@ -81,12 +81,13 @@ class DataPathStatus:
     draining: bool
     brokers: tuple[BrokerRow, ...]
     floating: dict[str, object] | None = None  # FloatingAddresses.status(); None: no address mover
+    moving: int = 0  # connections draining, not closed yet (proxy.registry)
 
     def to_json(self) -> dict[str, object]:
         return {"node": self.node, "bootstrap": self.bootstrap, "listeners": list(self.listeners),
                 "unbound": list(self.unbound), "standing_in": list(self.standing_in),
                 "connections": self.connections, "draining": self.draining,
-                "brokers": [b.to_json() for b in self.brokers], "floating": self.floating}
+                "brokers": [b.to_json() for b in self.brokers], "floating": self.floating, "moving": self.moving}
 
 
 class DataPath:
@@ -550,6 +551,7 @@ class DataPath:
             unbound=tuple(self.unbound),
             standing_in=tuple(self.listeners.stand_in_addresses),
             connections=self.connections,
+            moving=self.registry.moving,
             draining=self.draining,
             brokers=tuple(BrokerRow(b.node_id, b.host, b.port, b.rack,
                                        "%s:%d" % a if (a := address_of(b.node_id)) else None)

@@ -92,6 +92,9 @@ class ConnectionRegistry:
             metrics.connections_refused.labels(node_id, reason.value)
         self._clock = clock
         self.pairs: set[Pair] = set()
+        # Of those, how many are draining (closing at their first idle moment: their identity moved,
+        # or the node drains), not closed yet.
+        self.moving = 0
         # Client connections in their TLS handshake (no pair yet): raw transports (proxy.connection).
         self.handshaking: set[asyncio.BaseTransport] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -154,6 +157,9 @@ class ConnectionRegistry:
     def discard(self, pair: Pair) -> None:
         """``pair`` closed."""
         self.pairs.discard(pair)
+        if pair.draining:
+            pair.draining = False
+            self.moving -= 1
         if self.on_change is not None:
             self.on_change()
         self.metrics.active.dec()
@@ -215,6 +221,8 @@ class ConnectionRegistry:
 
     def _execute(self, pair: Pair, actions: list[DrainAction]) -> None:
         assert pair.drain is not None
+        if pair.drain.draining != pair.draining:
+            self.moving += 1 if pair.drain.draining else -1
         pair.draining = pair.drain.draining
         for action in actions:
             if isinstance(action, CountDrained):

@@ -152,6 +152,9 @@ class NodeStatus:
     workers: tuple[WorkerRow, ...] = ()
     # ---- a node with floating addresses only (proxy.addresses): held (node -> address), fenced
     floating: dict[str, Any] | None = None
+    # Of ``connections``, those draining (closing at their first idle moment: their identity
+    # moved, or the node drains), not closed yet; 0 once a move or a drain is over.
+    moving: int = 0
 
     @property
     def in_fleet(self) -> bool:
@@ -196,7 +199,7 @@ def node_status(datapath: DataPathStatus, serving: ServingMap, member: MemberSta
         listeners=datapath.listeners, unbound=datapath.unbound, standing_in=datapath.standing_in,
         connections=datapath.connections, draining=datapath.draining, brokers=datapath.brokers,
         epoch=serving.epoch, assignment={str(b): p for b, p in serving.owners}, admin_endpoints=admin_endpoints,
-        workers=workers, floating=datapath.floating)
+        workers=workers, floating=datapath.floating, moving=datapath.moving)
     if member is None:
         return NodeStatus(role="standalone", term=0, leader=datapath.node, has_quorum=True, **common)
     m = member.to_json()  # the member's own wire form: one definition of its fields

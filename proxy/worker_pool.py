@@ -114,7 +114,7 @@ class RestartPolicy:
 
 
 def merge_datapath_status(parts: Sequence[DataPathStatus]) -> DataPathStatus:
-    """The node's data path from its workers': connections summed; an identity is
+    """The node's data path from its workers': connections (and those moving) summed; an identity is
     bound when every worker has it, unbound when any worker lacks it; draining
     when any worker drains; brokers from the worker that knows most; the floating
     addresses' view from the first worker that has one."""
@@ -126,7 +126,8 @@ def merge_datapath_status(parts: Sequence[DataPathStatus]) -> DataPathStatus:
         node=first.node, bootstrap=first.bootstrap, listeners=tuple(sorted(bound)),
         unbound=tuple(sorted(set().union(*(p.unbound for p in parts)))),
         standing_in=tuple(sorted(set().union(*(p.standing_in for p in parts)))),
-        connections=sum(p.connections for p in parts), draining=any(p.draining for p in parts),
+        connections=sum(p.connections for p in parts), moving=sum(p.moving for p in parts),
+        draining=any(p.draining for p in parts),
         brokers=max((p.brokers for p in parts), key=len),
         floating=next((p.floating for p in parts if p.floating is not None), None))
 

@@ -20,7 +20,8 @@ source addresses), and the light clients run as several processes (see
 ``LightClientProcess``). Before each fault the bench waits until every light
 client holds a connection again (``DrillConfig.before_fault``): the previous
 victim's restart moves identities back, which cuts their clients too, and that
-storm must not overlap the next fault's.
+storm must not overlap the next fault's; and until no node still moves a
+connection off itself (``/status`` ``moving``: the handback's drain).
 
 A drain's disruption does not start at the drain command (its RTO, the gap
 around that instant, is often a client's ordinary gap): it starts when the
@@ -86,6 +87,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
     light_nice = 0
     light_autogroup = False
     unsettled: list[int] = []  # faults injected before every light client was back
+    unmoved: list[int] = []  # faults injected while a node still moved connections
     with tempfile.TemporaryDirectory(prefix="kproxy-bench-failover-") as tmp:
         # No per-source accept limit: thousands of light clients reconnect from a few
         # loopback addresses in the same second (proxy.admission would refuse most).
@@ -102,7 +104,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
                 light = LightClientProcess(fleet.bootstrap, light_clients, out / "light-events.jsonl")
                 out.mkdir(parents=True, exist_ok=True)
                 light.start()
-            settle = None if light is None else _settle(light, progress, unsettled)
+            settle = None if light is None else _settle(light, fleet, progress, unsettled, unmoved)
             kill = run_drill(DrillConfig(fault=fault, out_dir=out / fault, repeat=drills,
                                          clients=parse_clients(clients), rate=rate, seed=seed,
                                          before_fault=settle),
@@ -187,6 +189,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         result["light_reconnects_measured"] = len(recovered)
         result["light_never_back"] = never
         result["light_unsettled_faults"] = len(unsettled)
+        result["light_unmoved_faults"] = len(unmoved)
         top = result["light_recovered_s"]["max"]
         result["targets"]["light_all_back_within_5s"] = bool(recovered) and never == 0 and top <= 5.0
     if "drain" in result:
@@ -198,17 +201,26 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
 
 
 LIGHT_SETTLE_TIMEOUT_S = 60.0
+# A handback's drain ends by the drain deadline (limits.drain_timeout_s, 5 s by default).
+MOVES_DONE_TIMEOUT_S = 15.0
 
 
-def _settle(light: LightClientProcess, progress: Callable[[dict[str, Any]], None] | None,
-            unsettled: list[int]) -> Callable[[], None]:
-    """Before each fault: wait until every light client holds a connection again
-    (a fault that came without is counted in ``unsettled``)."""
+def _settle(light: LightClientProcess, fleet: LocalFleet, progress: Callable[[dict[str, Any]], None] | None,
+            unsettled: list[int], unmoved: list[int]) -> Callable[[], None]:
+    """Before each fault: wait until every light client holds a connection again (a fault that
+    came without is counted in ``unsettled``), and until no node still moves connections off
+    itself (the victim's restart hands its identities back; the old owner closes a busy
+    client's connection only at the drain deadline, 5 s on, which landed in the next fault's
+    window in session 32's runs: counted in ``unmoved``)."""
     def settle() -> None:
         if not light.wait_settled(LIGHT_SETTLE_TIMEOUT_S):
             unsettled.append(1)
             if progress is not None:
                 progress({"phase": f"light clients not all back within {LIGHT_SETTLE_TIMEOUT_S:.0f} s before a fault"})
+        if not fleet.wait_moves_done(MOVES_DONE_TIMEOUT_S):
+            unmoved.append(1)
+            if progress is not None:
+                progress({"phase": f"connections still moving {MOVES_DONE_TIMEOUT_S:.0f} s on, before a fault"})
     return settle
 
 

@@ -112,6 +112,7 @@ def test_drain_closes_each_connection_at_its_first_idle_moment(kafka_cluster, to
 
             t0 = time.monotonic()
             drained = node.drain_identities({leader})
+            moving_during = node.status().moving  # the idle one closed at once, the busy one is moving
             # Written during the grace: forwarded and answered before the close.
             busy_w.write(api_versions)
             idle_closed = await _eof_within(idle_r, 0.2)
@@ -121,6 +122,10 @@ def test_drain_closes_each_connection_at_its_first_idle_moment(kafka_cluster, to
             answered_s = time.monotonic() - t0
             busy_closed = await _eof_within(busy_r, 2)
             closed_s = time.monotonic() - t0
+            deadline = time.monotonic() + 5
+            while node.registry.pairs and time.monotonic() < deadline:  # the close reaches the registry
+                await asyncio.sleep(0.01)
+            moving_after = node.status().moving
             cids = sorted(struct.unpack(">i", f[4:8])[0] for f in (first, second))
             fetch = next(f for f in (first, second) if struct.unpack(">i", f[4:8])[0] == 1)
             _, fetch_body = decode_response(FetchResponse, fetch)
@@ -128,7 +133,8 @@ def test_drain_closes_each_connection_at_its_first_idle_moment(kafka_cluster, to
                 w.close()
             return {"in_flight": in_flight, "drained": drained, "idle_closed": idle_closed, "idle_s": idle_s,
                     "cids": cids, "answered_s": answered_s, "busy_closed": busy_closed, "closed_s": closed_s,
-                    "fetch_error": int(fetch_body.responses[0].partitions[0].error_code)}
+                    "fetch_error": int(fetch_body.responses[0].partitions[0].error_code),
+                    "moving_during": moving_during, "moving_after": moving_after}
         finally:
             await node.stop()
 
@@ -139,6 +145,7 @@ def test_drain_closes_each_connection_at_its_first_idle_moment(kafka_cluster, to
     # The long poll was answered by the broker (not cut short), then the connection closed right after.
     assert r["answered_s"] >= drain_core.DRAIN_IDLE_GRACE_S, r
     assert r["busy_closed"] and r["closed_s"] - r["answered_s"] < 0.5, r
+    assert (r["moving_during"], r["moving_after"]) == (1, 0), r  # /status "moving": draining, not closed yet
 
 
 def test_drain_never_closes_over_an_unread_request(kafka_cluster, topic_name):

@@ -191,25 +191,41 @@ def test_no_address_or_a_stop_ends_it() -> None:
     assert fake.tried == ["a"]
 
 
-def test_a_full_accept_queue_times_out_and_the_retry_gets_through() -> None:
-    """A real listener that accepts nothing: its accept queue fills, the next SYN is dropped (the
-    connect times out); once it accepts again, the retry connects."""
+def _listener_with_a_full_queue(host: str) -> tuple[socket.socket, tuple[str, int], list[socket.socket]]:
+    """A real listener that accepts nothing, its accept queue full (more connects than a backlog
+    of 0 holds): the next SYN is dropped. It, its address, and the sockets queued (to close)."""
     listener = socket.socket()
-    listener.bind(("127.0.0.81", 0))
+    listener.bind((host, 0))
     listener.listen(0)
     address = listener.getsockname()
     queued = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        try:
+            s.connect(address)
+        except BlockingIOError:
+            pass
+        queued.append(s)
+    return listener, address, queued
+
+
+def _accept_all(listener: socket.socket, into: list[socket.socket]) -> None:
+    """The broker catches up: its queue empties."""
+    listener.setblocking(False)
+    while True:
+        try:
+            into.append(listener.accept()[0])
+        except BlockingIOError:
+            return
+
+
+def test_a_full_accept_queue_times_out_and_the_retry_gets_through() -> None:
+    """A real listener that accepts nothing: its accept queue fills, the next SYN is dropped (the
+    connect times out); once it accepts again, the retry connects."""
+    listener, address, queued = _listener_with_a_full_queue("127.0.0.81")
 
     async def main() -> tuple[object, list[str]]:
-        loop = asyncio.get_running_loop()
-        for _ in range(4):  # more than a backlog of 0 holds: the queue is full, later SYNs dropped
-            s = socket.socket()
-            s.setblocking(False)
-            try:
-                s.connect(address)
-            except BlockingIOError:
-                pass
-            queued.append(s)
         outcomes: list[str] = []
 
         async def connect(addr: tuple[str, int]) -> asyncio.Transport:
@@ -218,12 +234,7 @@ def test_a_full_accept_queue_times_out_and_the_retry_gets_through() -> None:
 
         def failed(_: object, exc: BaseException) -> None:
             outcomes.append(type(exc).__name__)
-            listener.setblocking(False)
-            while True:  # the broker catches up: its queue empties
-                try:
-                    queued.append(listener.accept()[0])
-                except BlockingIOError:
-                    break
+            _accept_all(listener, queued)
 
         result = await first_connection(connect, [address], timeout_s=0.3, timeout_retries=2,
                                         stop=lambda: False, failed=failed)
@@ -246,32 +257,15 @@ def test_a_dropped_syn_is_sent_again_on_a_fresh_socket_before_the_kernels_one_se
     """A listener whose accept queue is full drops the SYN; the kernel would send it again 1 s
     later. connect_resending makes the attempt again after resend_s: once the queue has room
     (the listener accepted), the fresh SYN gets through."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.83", 0))
-    listener.listen(0)
-    address = listener.getsockname()
-    queued: list[socket.socket] = []
+    listener, address, queued = _listener_with_a_full_queue("127.0.0.83")
     resends: list[float] = []
 
     async def main() -> tuple[float, tuple[str, int]]:
         loop = asyncio.get_running_loop()
-        for _ in range(4):  # more than a backlog of 0 holds: the queue is full, later SYNs dropped
-            s = socket.socket()
-            s.setblocking(False)
-            try:
-                s.connect(address)
-            except BlockingIOError:
-                pass
-            queued.append(s)
 
         def resent() -> None:
             resends.append(loop.time())
-            listener.setblocking(False)
-            while True:  # the broker catches up: its queue empties
-                try:
-                    queued.append(listener.accept()[0])
-                except BlockingIOError:
-                    break
+            _accept_all(listener, queued)
 
         began = loop.time()
         sock = await asyncio.wait_for(
@@ -295,28 +289,16 @@ def test_a_dropped_syn_is_sent_again_on_a_fresh_socket_before_the_kernels_one_se
 def test_connect_resending_gives_up_resending_after_max_and_waits_on_the_last() -> None:
     """Never answered (a queue that stays full): MAX_SYN_RESENDS fresh attempts, then the last
     one waits on the kernel's retransmissions until the caller's timeout."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.85", 0))
-    listener.listen(0)
-    address = listener.getsockname()
-    queued: list[socket.socket] = []
+    fds = _open_descriptors()
+    listener, address, queued = _listener_with_a_full_queue("127.0.0.85")
     resends: list[int] = []
 
     async def main() -> None:
-        for _ in range(4):
-            s = socket.socket()
-            s.setblocking(False)
-            try:
-                s.connect(address)
-            except BlockingIOError:
-                pass
-            queued.append(s)
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(MAX_SYN_RESENDS * 0.02 + 0.5):
                 await connect_resending(("127.0.0.86", 0), address, resend_s=0.02,
                                         on_resend=lambda: resends.append(1))
 
-    fds = _open_descriptors()
     try:
         uvloop.run(main())
     finally:
@@ -324,4 +306,4 @@ def test_connect_resending_gives_up_resending_after_max_and_waits_on_the_last() 
             s.close()
         listener.close()
     assert len(resends) == MAX_SYN_RESENDS
-    assert _open_descriptors() <= fds  # every dropped attempt's socket closed
+    assert _open_descriptors() == fds  # every dropped attempt's socket closed

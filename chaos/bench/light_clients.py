@@ -82,7 +82,8 @@ class LightEvent:
     ts_ns: int
     reason: str = ""
     # On "back": milliseconds each step of this attempt took (bootstrap-connect, metadata,
-    # connect, api-versions; "wait": from the loss to the attempt, the backoff and the loop's lag).
+    # connect, api-versions; "wait": from the loss to this attempt's start, the attempts that
+    # failed before it and their backoffs included).
     stages: dict[str, float] = attrs.field(factory=dict)
 
 
@@ -183,8 +184,8 @@ async def _request(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, f
 
 
 class _Stages:
-    """The step an attempt is at, and how long each step took (ms). ``wait``: from the loss
-    (or the failed attempt before) to this attempt's start; a failed attempt's wait counts on."""
+    """The step an attempt is at, and how long each step took (ms). ``wait``: from the loss to
+    this attempt's start (the attempts that failed before it and their backoffs)."""
 
     __slots__ = ("name", "ms", "_at")
 

@@ -127,8 +127,13 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
                 light.stop()
             if not state_dir:
                 fleet.down()
-                if out_dir:  # the bench's own fleet goes with the temporary directory: keep its nodes' logs
-                    shutil.copytree(fleet.state_dir / "logs", out / "fleet-logs", dirs_exist_ok=True)
+                logs = fleet.state_dir / "logs"
+                if out_dir and logs.is_dir():  # the bench's own fleet goes with the temporary directory: keep its logs
+                    try:
+                        shutil.copytree(logs, out / "fleet-logs", dirs_exist_ok=True)
+                    except OSError as exc:  # never in place of the run's own outcome
+                        if progress is not None:
+                            progress({"phase": f"the fleet's logs were not kept: {exc}"})
     fleet_kill = _fleet_stats(kill)
     result: dict[str, Any] = {
         "drills": kill.get("repeat"),

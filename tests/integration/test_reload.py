@@ -65,7 +65,9 @@ def _refused(host: str) -> bool:
 
 
 def _log_lines(path: Path, msg: str) -> list[dict]:
-    lines = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")]
+    text = path.read_text()
+    text = text[:text.rfind("\n") + 1]  # a line still being written is read next time
+    lines = [json.loads(x) for x in text.splitlines() if x.startswith("{")]
     return [x for x in lines if x.get("msg") == msg]
 
 
@@ -101,11 +103,15 @@ def test_a_reloaded_lower_limit_refuses_new_connections_and_keeps_the_held_ones(
 
         _set_limits(cfg, max_connections=1, listen_backlog=128)
         os.kill(node.pid, signal.SIGHUP)
-        reloaded = wait_for(lambda: _log_lines(log_path, "config reloaded"), "the reload logged")
-        main = [x for x in reloaded if x.get("kproxy_worker") is None][0]
+        # The node's own line (a worker's may come first), then its warning, written just after it.
+        reloaded = wait_for(lambda: [x for x in _log_lines(log_path, "config reloaded")
+                                     if x.get("kproxy_worker") is None], "the reload logged")
+        main = reloaded[0]
         assert main["applied"] == ["limits.max_connections"] and main["needs_restart"] == ["limits.listen_backlog"]
         assert main["trigger"] == "SIGHUP"
-        restart = _log_lines(log_path, "config changes that take effect only after a restart: limits.listen_backlog")
+        restart = wait_for(lambda: _log_lines(
+            log_path, "config changes that take effect only after a restart: limits.listen_backlog"),
+            "the restart warning logged")
         assert len(restart) == 1
         if workers > 1:
             wait_for(lambda: len([x for x in _log_lines(log_path, "config reloaded")

@@ -24,7 +24,10 @@ workers.
 Who gets the next turn: each client source address has its own line (FIFO within it),
 so one busy host cannot starve the others. A source whose line was empty (a host with a
 few connects, such as an application reconnecting after a failover) is served first, for
-up to ``sparse_turns`` turns; after that, and for the hosts with long lines, round robin
+up to ``sparse_turns`` turns while its whole line fits in them (a storm's hosts all start
+with an empty line: one whose line outgrows its turns joins the round at once, and an
+application host asking later is not held behind their first turns); after that, and for
+the hosts with long lines, round robin
 (fq_codel's sparse-flow rule: without it an application host waits one round of every
 busy host per connect it makes; BENCHMARKS.md, "Connect pacing back, with a line per
 client source"). And a source with nothing in line does not wait while fewer than
@@ -110,7 +113,8 @@ class _Lane(Generic[W]):
         self.reserved = 0  # turns out of the sparse sources' reserve, beside in_flight
         # One line per client source address, FIFO within it. A source whose line was empty
         # (sparse: a host with a few connects) is served first, for up to ``sparse_turns``
-        # turns; then, and for every other source, round robin (fq_codel's new and old flows).
+        # turns, as long as its whole line fits in the turns it has left; then, and for every
+        # other source, round robin (fq_codel's new and old flows).
         self.lines: dict[Hashable, deque[W]] = {}
         self.sparse: dict[Hashable, int] = {}  # source -> turns left at the front
         self.busy: dict[Hashable, None] = {}  # the round's order
@@ -129,6 +133,14 @@ class _Lane(Generic[W]):
                 self.busy[source] = None
         line.append(waiter)
         self.waiting += 1
+        left = self.sparse.get(source)
+        if left is not None and len(line) > left:
+            # More in line than its turns at the front: one of a storm's hosts, not a host with a
+            # few connects. Every host's line is new when a storm begins: left at the front, the
+            # busy hosts' first turns would all go before an application host that asked later
+            # (BENCHMARKS.md, session 33: a drill consumer's connect waited 1.2 s in line).
+            del self.sparse[source]
+            self.busy[source] = None
 
     def next_waiter(self) -> W:
         if self.sparse:

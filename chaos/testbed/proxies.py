@@ -33,6 +33,8 @@ BOOTSTRAP_PORT = DEFAULT_BOOTSTRAP_PORT
 PORT_BASE = 9100  # broker B is served on 9100 + B by every node
 ADMIN_PORT = DEFAULT_ADMIN_PORT
 RAFT_PORT = 9500
+# The fleet's log level, from the environment of whoever starts it (a bench run traced at DEBUG).
+FLEET_LOG_LEVEL_ENV = "KPROXY_FLEET_LOG_LEVEL"
 
 
 class ProxyProcessError(RuntimeError):
@@ -74,7 +76,7 @@ def fleet_config(path: str | os.PathLike[str], upstream: list[str], proxies: int
         "upstream": {"bootstrap": list(upstream), "refresh_interval_s": 5.0},
         "ports": {"base": port_base},
         "nodes": nodes,
-        "logging": {"level": "INFO", "format": log_format},
+        "logging": {"level": os.environ.get(FLEET_LOG_LEVEL_ENV, "INFO"), "format": log_format},
         "admin": {"token_env": "KPROXY_ADMIN_TOKEN"},
     }
     if fleet:

@@ -69,15 +69,33 @@ def test_busy_sources_take_turns_round_robin_so_one_host_cannot_starve_another()
 def test_a_host_with_few_connects_waiting_goes_before_the_busy_hosts_round() -> None:
     p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=1, floor=1, sparse_turns=2))
     assert p.admit(A, "busy-0", "h1")
+    p.admit(A, "few-0", "h0"), p.admit(A, "few-1", "h0")  # a line that fits in its two sparse turns
+    assert [w for w in p.release(A)] == ["few-0"]
     for i in range(1, 6):
         p.admit(A, f"busy-{i}", "h1")
     p.admit(A, "other-0", "h2")
-    assert [w for w in p.release(A) + p.release(A)] == ["busy-1", "busy-2"]  # h1's sparse turns
-    p.admit(A, "app-0", "h3"), p.admit(A, "app-1", "h3"), p.admit(A, "app-2", "h3")
-    started = [w for _ in range(6) for w in p.release(A)]
-    # h2 first (sparse, came before h3), then h3's two sparse turns, then the round: h1, h3, h1
-    assert started == ["other-0", "app-0", "app-1", "busy-3", "app-2", "busy-4"]
-    assert p.release(A) == ["busy-5"] and p.waiting(A) == 0
+    assert [w for w in p.release(A) + p.release(A)] == ["few-1", "other-0"]  # h1 never was sparse
+    p.admit(A, "app-0", "h3"), p.admit(A, "app-1", "h3")
+    started = [w for _ in range(4) for w in p.release(A)]
+    # h3's two sparse turns, then the round: h1 only
+    assert started == ["app-0", "app-1", "busy-1", "busy-2"]
+    p.admit(A, "late-0", "h4"), p.admit(A, "late-1", "h4"), p.admit(A, "late-2", "h4")
+    # h4's three do not fit in two sparse turns: it joins the round behind h1 at once
+    started = [w for _ in range(5) for w in p.release(A)]
+    assert started == ["busy-3", "late-0", "busy-4", "late-1", "busy-5"]
+    assert p.release(A) == ["late-2"] and p.waiting(A) == 0
+
+
+def test_a_storms_hosts_whose_lines_outgrow_their_sparse_turns_go_behind_an_application_host() -> None:
+    """Every host's line is new when a storm begins; the application host asks a little later."""
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=1, floor=1, sparse_turns=8))
+    assert p.admit(A, "first", "h0")
+    for host in range(20):
+        for i in range(30):
+            p.admit(A, f"storm-{host}-{i}", f"10.0.0.{host}")
+    p.admit(A, "app-0", "127.0.0.1")
+    assert p.release(A) == ["app-0"]
+    assert p.release(A) == ["storm-0-0"] and p.release(A) == ["storm-1-0"]  # then the round
 
 
 def test_a_source_with_nothing_in_line_goes_ahead_on_a_reserve_turn_beside_the_limit() -> None:

@@ -50,7 +50,7 @@ import asyncio
 import enum
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Generic, TypeVar
 
 import attrs
@@ -209,6 +209,17 @@ class ConnectPacer(Generic[K, W]):
 
     def waiting(self, key: K) -> int:
         return self._lane(key).waiting
+
+    def least_loaded_first(self, keys: Sequence[K]) -> list[K]:
+        """``keys`` ordered by their connects waiting or in flight, fewest first; ties keep
+        their order (a round robin's). Where a connection may go to any broker (a bootstrap
+        connection), it goes where it waits least, and a storm on one broker's identity is not
+        made longer by the bootstrap connections of the same clients (Java's
+        ``leastLoadedNode`` picks the same way, by requests in flight)."""
+        def load(key: K) -> int:
+            lane = self._lanes.get(key)
+            return 0 if lane is None else lane.waiting + lane.in_flight + lane.reserved
+        return sorted(keys, key=load)
 
     def admit(self, key: K, waiter: W, source: Hashable = None) -> Admission:
         """TURN or RESERVE: ``waiter`` has a turn now (counted in flight, or out of the

@@ -482,7 +482,10 @@ class DataPath:
             errors.append(f"{address}: {describe_error(exc)}")
 
         try:
-            reached = await first_connection(connect, self.discovery.upstream_for(pair.listener),
+            candidates = self.discovery.upstream_for(pair.listener)
+            if len(candidates) > 1:  # a bootstrap connection: to the broker it waits least for
+                candidates = self.connect_turns.pacer.least_loaded_first(candidates)
+            reached = await first_connection(connect, candidates,
                                              timeout_s=self.config.limits.connect_timeout_s,
                                              timeout_retries=UPSTREAM_TIMEOUT_RETRIES, stop=lambda: pair.closed,
                                              failed=failed, wait_turn=wait_turn)

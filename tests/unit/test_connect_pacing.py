@@ -347,3 +347,17 @@ def test_first_connection_waits_for_a_turn_outside_the_connect_timeout() -> None
         return reached, failures
 
     assert uvloop.run(main()) == (("connected", A), [])
+
+
+def test_a_bootstrap_connection_goes_to_the_broker_with_the_fewest_connects_waiting_or_in_flight() -> None:
+    p: ConnectPacer[str, str] = ConnectPacer(_limit_only(initial=2, floor=1))
+    for i in range(5):  # b2: two in flight, three waiting
+        p.admit("b2", f"w{i}", "h1")
+    p.admit("b3", "x", "h1")  # b3: one in flight
+    assert p.least_loaded_first(["b2", "b3", "b1"]) == ["b1", "b3", "b2"]
+    assert p.least_loaded_first(["b3", "b1"]) == ["b1", "b3"]
+    assert p.least_loaded_first(["b4", "b1"]) == ["b4", "b1"]  # a tie keeps the round robin's order
+    p.release("b2"), p.release("b2"), p.release("b2")  # three waiting start: two in flight again
+    assert p.least_loaded_first(["b2", "b3"]) == ["b3", "b2"]
+    p.release("b2"), p.release("b2")
+    assert p.least_loaded_first(["b2", "b3"]) == ["b2", "b3"]

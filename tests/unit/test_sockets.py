@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 import uvloop
@@ -191,23 +192,30 @@ def test_no_address_or_a_stop_ends_it() -> None:
     assert fake.tried == ["a"]
 
 
-def _listener_with_a_full_queue(host: str) -> tuple[socket.socket, tuple[str, int], list[socket.socket]]:
+@contextlib.contextmanager
+def _listener_with_a_full_queue(host: str) -> Iterator[tuple[socket.socket, tuple[str, int], list[socket.socket]]]:
     """A real listener that accepts nothing, its accept queue full (more connects than a backlog
-    of 0 holds): the next SYN is dropped. It, its address, and the sockets queued (to close)."""
+    of 0 holds): the next SYN is dropped. It, its address, and the sockets queued (the test's
+    accepts go there too), all closed on leaving."""
     listener = socket.socket()
-    listener.bind((host, 0))
-    listener.listen(0)
-    address = listener.getsockname()
-    queued = []
-    for _ in range(4):
-        s = socket.socket()
-        s.setblocking(False)
-        try:
-            s.connect(address)
-        except BlockingIOError:
-            pass
-        queued.append(s)
-    return listener, address, queued
+    queued: list[socket.socket] = []
+    try:
+        listener.bind((host, 0))
+        listener.listen(0)
+        address = listener.getsockname()
+        for _ in range(4):
+            s = socket.socket()
+            queued.append(s)
+            s.setblocking(False)
+            try:
+                s.connect(address)
+            except BlockingIOError:
+                pass
+        yield listener, address, queued
+    finally:
+        for s in queued:
+            s.close()
+        listener.close()
 
 
 def _accept_all(listener: socket.socket, into: list[socket.socket]) -> None:
@@ -223,9 +231,8 @@ def _accept_all(listener: socket.socket, into: list[socket.socket]) -> None:
 def test_a_full_accept_queue_times_out_and_the_retry_gets_through() -> None:
     """A real listener that accepts nothing: its accept queue fills, the next SYN is dropped (the
     connect times out); once it accepts again, the retry connects."""
-    listener, address, queued = _listener_with_a_full_queue("127.0.0.81")
-
-    async def main() -> tuple[object, list[str]]:
+    async def main(listener: socket.socket, address: tuple[str, int],
+                   queued: list[socket.socket]) -> tuple[object, list[str]]:
         outcomes: list[str] = []
 
         async def connect(addr: tuple[str, int]) -> asyncio.Transport:
@@ -243,12 +250,8 @@ def test_a_full_accept_queue_times_out_and_the_retry_gets_through() -> None:
         await asyncio.sleep(0)
         return result, outcomes
 
-    try:
-        result, outcomes = uvloop.run(main())
-    finally:
-        for s in queued:
-            s.close()
-        listener.close()
+    with _listener_with_a_full_queue("127.0.0.81") as (listener, address, queued):
+        result, outcomes = uvloop.run(main(listener, address, queued))
     assert outcomes == ["TimeoutError"]
     assert result is not None and result[1] == address
 
@@ -257,10 +260,10 @@ def test_a_dropped_syn_is_sent_again_on_a_fresh_socket_before_the_kernels_one_se
     """A listener whose accept queue is full drops the SYN; the kernel would send it again 1 s
     later. connect_resending makes the attempt again after resend_s: once the queue has room
     (the listener accepted), the fresh SYN gets through."""
-    listener, address, queued = _listener_with_a_full_queue("127.0.0.83")
     resends: list[float] = []
 
-    async def main() -> tuple[float, tuple[str, int]]:
+    async def main(listener: socket.socket, address: tuple[str, int],
+                   queued: list[socket.socket]) -> tuple[float, tuple[str, int]]:
         loop = asyncio.get_running_loop()
 
         def resent() -> None:
@@ -275,12 +278,8 @@ def test_a_dropped_syn_is_sent_again_on_a_fresh_socket_before_the_kernels_one_se
         sock.close()
         return took, peer
 
-    try:
-        took, peer = uvloop.run(main())
-    finally:
-        for s in queued:
-            s.close()
-        listener.close()
+    with _listener_with_a_full_queue("127.0.0.83") as (listener, address, queued):
+        took, peer = uvloop.run(main(listener, address, queued))
     assert peer == address
     assert len(resends) >= 1  # the first SYN was dropped, the attempt made again
     assert took < 0.9  # through on a fresh SYN, not the kernel's retransmission 1 s after the first
@@ -290,20 +289,15 @@ def test_connect_resending_gives_up_resending_after_max_and_waits_on_the_last() 
     """Never answered (a queue that stays full): MAX_SYN_RESENDS fresh attempts, then the last
     one waits on the kernel's retransmissions until the caller's timeout."""
     fds = _open_descriptors()
-    listener, address, queued = _listener_with_a_full_queue("127.0.0.85")
     resends: list[int] = []
 
-    async def main() -> None:
+    async def main(address: tuple[str, int]) -> None:
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(MAX_SYN_RESENDS * 0.02 + 0.5):
                 await connect_resending(("127.0.0.86", 0), address, resend_s=0.02,
                                         on_resend=lambda: resends.append(1))
 
-    try:
-        uvloop.run(main())
-    finally:
-        for s in queued:
-            s.close()
-        listener.close()
+    with _listener_with_a_full_queue("127.0.0.85") as (_, address, _queued):
+        uvloop.run(main(address))
     assert len(resends) == MAX_SYN_RESENDS
     assert _open_descriptors() == fds  # every dropped attempt's socket closed

@@ -207,28 +207,41 @@ class Listeners:
 
     # ------------------------------------------------------------ stand-ins
     async def stand_in(self, wanted: Iterable[StandIn]) -> None:
-        """Bind and release to hold exactly ``wanted``."""
+        """Bind and release to hold exactly ``wanted``. The binds are made together: made one
+        after the other, each waited for a turn of a loop busy with the dead node's reconnecting
+        clients (60-90 ms each at W = 2 in a storm, BENCHMARKS.md session 33), and the clients
+        that kept the last address were refused that much longer."""
         async with self.lock:
             loop = asyncio.get_running_loop()
+            binds: list[Bind] = []
             for action in self.takeover.plan(wanted):
                 if isinstance(action, Release):
                     self._release(action)
-                    continue
-                assert isinstance(action, Bind)
-                try:
-                    self._stand_ins[action.key] = await loop.create_server(
-                        self._factory(action.key[1], stand_in=True), action.host, action.port,
-                        reuse_address=True, reuse_port=True, backlog=self.backlog)
-                except OSError as exc:
+                else:
+                    assert isinstance(action, Bind)
+                    binds.append(action)
+            servers = await asyncio.gather(*(
+                loop.create_server(self._factory(action.key[1], stand_in=True), action.host, action.port,
+                                   reuse_address=True, reuse_port=True, backlog=self.backlog)
+                for action in binds), return_exceptions=True)
+            unexpected: BaseException | None = None
+            for action, server in zip(binds, servers):
+                if isinstance(server, OSError):
                     if self.takeover.bind_failed(action.key):  # log once per vacancy
                         log.warning("cannot stand in for a vacant node's address",
                                     extra={"node": action.key[0], "address": join_host_port(action.host, action.port),
-                                           "reason": str(exc)})
+                                           "reason": str(server)})
                     continue
+                if isinstance(server, BaseException):
+                    unexpected = unexpected or server  # raised once the others are recorded
+                    continue
+                self._stand_ins[action.key] = server
                 self.takeover.bound(action.key)
                 self.handback.standing_in(action.key)
                 log.info("standing in for a vacant node", extra={"node": action.key[0], "listener": action.key[1],
                                                                  "address": join_host_port(action.host, action.port)})
+            if unexpected is not None:
+                raise unexpected
 
     def _release(self, action: Release, *, hand_back: bool = True) -> None:
         """Stop accepting there. The clients it accepted stay until the address's own node

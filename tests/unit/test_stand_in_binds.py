@@ -1,0 +1,72 @@
+"""proxy.listeners.Listeners.stand_in: a vacant node's addresses bound together, real sockets on loopback."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import attrs
+import pytest
+import uvloop
+
+from membership.serving import BOOTSTRAP, StandIn
+from proxy.listeners import Listeners
+from topology import ProxyNode
+
+pytestmark = [pytest.mark.unit]
+
+UNBINDABLE = "192.0.2.1"  # TEST-NET-1: no address of this host, the bind fails (EADDRNOTAVAIL)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class _Registry:
+    """What a listener asks of the node's registry here: its backlog, and admission (refused:
+    a connection accepted here is closed at once, the kernel's accept is what the test checks)."""
+
+    limits = attrs.make_class("Limits", ["listen_backlog"])(128)
+    pairs: set[object] = set()  # no client held: a release hands none back
+
+    @staticmethod
+    def admit(source: str) -> bool:
+        return False
+
+
+def _listeners() -> Listeners:
+    registry = _Registry()
+    return Listeners(ProxyNode("p1", "127.0.0.91", 9092), registry, reuse_port=True,  # type: ignore[arg-type]
+                     on_bound=lambda bound: None)
+
+
+def test_every_bindable_stand_in_is_bound_in_one_call_and_a_failed_one_is_logged_once(caplog) -> None:
+    vacant = "127.0.0.92"
+    wanted = [StandIn("p1", "p2", BOOTSTRAP, vacant, _free_port(vacant)),
+              StandIn("p1", "p2", 1, vacant, _free_port(vacant)),
+              StandIn("p1", "p2", 2, UNBINDABLE, 9102),
+              StandIn("p1", "p2", 3, vacant, _free_port(vacant))]
+
+    async def main() -> tuple[set[tuple[str, int]], list[bool]]:
+        listeners = _listeners()
+        await listeners.stand_in(wanted)
+        held = set(listeners.takeover.held)
+        reachable = []
+        for s in wanted:
+            if s.host == UNBINDABLE:
+                continue
+            with socket.create_connection((s.host, s.port), timeout=2):
+                reachable.append(True)
+        await listeners.stand_in(wanted)  # the failed one is tried again, not logged again
+        await listeners.stand_in([])  # all released
+        assert not listeners.takeover.held
+        return held, reachable
+
+    with caplog.at_level(logging.WARNING, logger="kproxy.proxy"):
+        held, reachable = uvloop.run(main())
+    assert held == {("p2", BOOTSTRAP), ("p2", 1), ("p2", 3)}
+    assert reachable == [True, True, True]
+    failures = [r for r in caplog.records if r.getMessage() == "cannot stand in for a vacant node's address"]
+    assert len(failures) == 1 and failures[0].address == f"{UNBINDABLE}:9102"  # type: ignore[attr-defined]

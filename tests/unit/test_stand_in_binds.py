@@ -11,17 +11,12 @@ import uvloop
 
 from membership.serving import BOOTSTRAP, StandIn
 from proxy.listeners import Listeners
+from tests.integration.test_raft import free_port
 from topology import ProxyNode
 
 pytestmark = [pytest.mark.unit]
 
 UNBINDABLE = "192.0.2.1"  # TEST-NET-1: no address of this host, the bind fails (EADDRNOTAVAIL)
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class _Registry:
@@ -44,10 +39,10 @@ def _listeners() -> Listeners:
 
 def test_every_bindable_stand_in_is_bound_in_one_call_and_a_failed_one_is_logged_once(caplog) -> None:
     vacant = "127.0.0.92"
-    wanted = [StandIn("p1", "p2", BOOTSTRAP, vacant, _free_port(vacant)),
-              StandIn("p1", "p2", 1, vacant, _free_port(vacant)),
+    wanted = [StandIn("p1", "p2", BOOTSTRAP, vacant, free_port(vacant)),
+              StandIn("p1", "p2", 1, vacant, free_port(vacant)),
               StandIn("p1", "p2", 2, UNBINDABLE, 9102),
-              StandIn("p1", "p2", 3, vacant, _free_port(vacant))]
+              StandIn("p1", "p2", 3, vacant, free_port(vacant))]
 
     async def main() -> tuple[set[tuple[str, int]], list[bool]]:
         listeners = _listeners()

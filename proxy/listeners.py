@@ -31,6 +31,7 @@ import asyncio
 import logging
 import os
 import resource
+import socket
 from collections.abc import Callable, Iterable
 
 from membership.serving import BOOTSTRAP, ServingMap, StandIn
@@ -39,6 +40,7 @@ from proxy.handback import HANDBACK_PROBE_INTERVAL_S, HandBack, Keep, SocketAddr
 from proxy.hosts import join_host_port
 from proxy.logs import describe_error
 from proxy.registry import ConnectionRegistry
+from proxy.sockets import listening_socket
 from proxy.takeover import Bind, Release, TakeoverReconciler
 from proxy.tls import TlsEndpoint
 from topology import ProxyNode
@@ -136,12 +138,30 @@ class Listeners:
         tls = None if listener in self.plaintext else self.tls
         return lambda: ClientSide(registry, listener, tls, stand_in=stand_in)
 
+    async def _serve(self, factory: Callable[[], ClientSide], host: str, port: int, *,
+                     reuse_port: bool) -> asyncio.AbstractServer:
+        """``loop.create_server(factory, host, port, ...)`` with this node's backlog, the listening
+        socket on a high descriptor (proxy.sockets.listening_socket: a killed node stops accepting
+        first). A host of several addresses (a name, no host) is left to ``create_server``."""
+        loop = asyncio.get_running_loop()
+        infos = {(family, address) for family, _, _, _, address in
+                 await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)}
+        if len(infos) != 1:
+            return await loop.create_server(factory, host, port, reuse_address=True, reuse_port=reuse_port,
+                                            backlog=self.backlog)
+        [(family, address)] = infos
+        sock = listening_socket(address, family, reuse_port=reuse_port)
+        try:
+            return await loop.create_server(factory, sock=sock, backlog=self.backlog)
+        except BaseException:
+            sock.close()
+            raise
+
     async def bind_bootstrap(self) -> None:
         if BOOTSTRAP not in self.own:
             try:
-                self.own[BOOTSTRAP] = await asyncio.get_running_loop().create_server(
-                    self._factory(BOOTSTRAP), self.bind_host, self.node.bootstrap_port, reuse_address=True,
-                    reuse_port=self.reuse_port, backlog=self.backlog)
+                self.own[BOOTSTRAP] = await self._serve(self._factory(BOOTSTRAP), self.bind_host,
+                                                        self.node.bootstrap_port, reuse_port=self.reuse_port)
             except OSError as exc:  # one line naming the listener and its address, not a traceback
                 address = join_host_port(self.bind_host, self.node.bootstrap_port)
                 raise OSError(exc.errno, f"bootstrap listener {address}: "
@@ -160,9 +180,7 @@ class Listeners:
             host, port = self.bind_host, None
             try:
                 port = self.node.ports.port_for(b)
-                self.own[b] = await asyncio.get_running_loop().create_server(
-                    self._factory(b), host, port, reuse_address=True, reuse_port=self.reuse_port,
-                    backlog=self.backlog)
+                self.own[b] = await self._serve(self._factory(b), host, port, reuse_port=self.reuse_port)
             except (OSError, ValueError) as exc:
                 log.error("listener bind failed", extra={"broker": b, "address": join_host_port(host, port),
                                                          "reason": describe_error(exc)})
@@ -212,7 +230,6 @@ class Listeners:
         clients (60-90 ms each at W = 2 in a storm, BENCHMARKS.md session 33), and the clients
         that kept the last address were refused that much longer."""
         async with self.lock:
-            loop = asyncio.get_running_loop()
             binds: list[Bind] = []
             for action in self.takeover.plan(wanted):
                 if isinstance(action, Release):
@@ -221,8 +238,7 @@ class Listeners:
                     assert isinstance(action, Bind)
                     binds.append(action)
             servers = await asyncio.gather(*(
-                loop.create_server(self._factory(action.key[1], stand_in=True), action.host, action.port,
-                                   reuse_address=True, reuse_port=True, backlog=self.backlog)
+                self._serve(self._factory(action.key[1], stand_in=True), action.host, action.port, reuse_port=True)
                 for action in binds), return_exceptions=True)
             unexpected: BaseException | None = None
             for action, server in zip(binds, servers):

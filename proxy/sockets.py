@@ -1,4 +1,5 @@
-"""Outgoing TCP connections from a chosen source address, without the kernel's port search at bind.
+"""Outgoing TCP connections from a chosen source address, without the kernel's port search at bind;
+listening sockets on the highest descriptors, so that a killed node stops accepting first.
 
 A node connects to its brokers from its own address (proxy.hosts.source_address):
 ``bind((host, 0))`` then ``connect``. A plain ``bind`` to port 0 makes the kernel pick a
@@ -11,18 +12,32 @@ worker's CPU at 10,000 clients and nothing at 4,000 (``perf``: ``inet_csk_get_po
 (Linux 4.2+) defers the port to ``connect``, which only needs the 4-tuple to be unique
 (and may reuse a local port toward another destination). Where the option is missing
 the bind is a plain one.
+
+When a process dies without running any code of its own (SIGKILL, a crash, the OOM killer),
+the kernel closes its descriptors in order and defers each socket's release (``fput``'s
+task work), then runs those releases last-queued first: the highest descriptor is released
+first. A listener made at start-up has one of the lowest, so it went on completing
+handshakes until the kernel had closed every connection of the node, and each client that
+dialled the address meanwhile was accepted, then reset (4,000 connections held: the
+listener accepted ~1,900 connects over 85 ms on an idle host; ~0.4 s in a failover storm on
+this 2-core machine, BENCHMARKS.md session 34). :func:`listening_socket` moves a listener's
+descriptor above the ones connections take (:func:`high_descriptor_floor`): killed, the
+node refuses new connections within a few milliseconds, and they go to the survivors.
 """
 
 from __future__ import annotations
 
 import asyncio
+import fcntl
+import resource
 import socket
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 __all__ = ("IP_BIND_ADDRESS_NO_PORT", "MAX_SYN_RESENDS", "SYN_RESEND_S", "bound_socket", "connect_resending",
-           "create_connection_from", "first_connection", "open_connection_from")
+           "create_connection_from", "first_connection", "high_descriptor_floor", "listening_socket",
+           "open_connection_from")
 
 # Python defines the constant from 3.12 on; its value in Linux's <linux/in.h>.
 IP_BIND_ADDRESS_NO_PORT: int | None = getattr(socket, "IP_BIND_ADDRESS_NO_PORT",
@@ -31,6 +46,10 @@ IP_BIND_ADDRESS_NO_PORT: int | None = getattr(socket, "IP_BIND_ADDRESS_NO_PORT",
 # most this many times per connect (the caller's timeout bounds the whole).
 SYN_RESEND_S = 0.25
 MAX_SYN_RESENDS = 8
+# Listening sockets take descriptors from this far below the descriptor limit up (capped at
+# HIGH_DESCRIPTORS_CEILING: the kernel's table grows to the highest descriptor, 8 bytes each).
+HIGH_DESCRIPTORS = 1024
+HIGH_DESCRIPTORS_CEILING = 1 << 16
 P = TypeVar("P", bound=asyncio.BaseProtocol)
 T = TypeVar("T")
 A = TypeVar("A")
@@ -53,6 +72,58 @@ def bound_socket(local: tuple[str, int]) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def high_descriptor_floor(nofile: int | None = None) -> int | None:
+    """The lowest descriptor a listening socket is moved to: ``HIGH_DESCRIPTORS`` below the
+    soft descriptor limit (``nofile``: that limit, default this process's), at most
+    ``HIGH_DESCRIPTORS_CEILING``; None where the limit leaves no room above the connections."""
+    if nofile is None:
+        nofile = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    if nofile == resource.RLIM_INFINITY or nofile < 0:
+        nofile = HIGH_DESCRIPTORS_CEILING
+    floor = min(nofile, HIGH_DESCRIPTORS_CEILING) - HIGH_DESCRIPTORS
+    return floor if floor >= HIGH_DESCRIPTORS else None
+
+
+def _moved_high(sock: socket.socket) -> socket.socket:
+    """``sock`` on the lowest free descriptor at or above :func:`high_descriptor_floor` (the
+    original descriptor closed); ``sock`` itself where there is none."""
+    floor = high_descriptor_floor()
+    if floor is None or sock.fileno() >= floor:
+        return sock
+    try:
+        fd = fcntl.fcntl(sock.fileno(), fcntl.F_DUPFD_CLOEXEC, floor)
+    except OSError:  # every descriptor up there taken: it stays where it is
+        return sock
+    moved = socket.socket(sock.family, sock.type, sock.proto, fileno=fd)
+    moved.setblocking(sock.getblocking())
+    sock.close()
+    return moved
+
+
+def listening_socket(address: tuple[Any, ...], family: int, *, reuse_port: bool) -> socket.socket:
+    """A TCP socket bound to ``address`` (a ``getaddrinfo`` sockaddr of ``family``), not yet
+    listening, on a high descriptor (see the module doc); the options ``loop.create_server``
+    sets: SO_REUSEADDR, SO_REUSEPORT if asked, IPV6_V6ONLY. A failed bind raises OSError with
+    the errno and the address, as ``create_server`` does."""
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise OSError(exc.errno, f"error while attempting to bind on address {address!r}: "
+                                     f"{(exc.strerror or str(exc)).lower()}") from None
+        sock.setblocking(False)
+        return _moved_high(sock)
+    except BaseException:
+        sock.close()
+        raise
 
 
 async def connect_resending(local: tuple[str, int], address: tuple[str, int], *, resend_s: float | None,

@@ -80,11 +80,18 @@ def _node_config_and_leader(kafka_cluster, topic_name: str):  # type: ignore[no-
     kafka_cluster.create_topic(topic_name, 1, 3)
     from confluent_kafka.admin import AdminClient
 
-    md = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap_servers}).list_topics(topic_name, timeout=10)
+    admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap_servers})
+    deadline = time.monotonic() + 15
+    while True:  # create_topic saw it on one broker; the broker this client asks may learn of it a moment later
+        partitions = admin.list_topics(topic_name, timeout=10).topics[topic_name].partitions
+        if 0 in partitions and partitions[0].leader >= 0:
+            break
+        assert time.monotonic() < deadline, f"{topic_name}: no leader in this client's metadata after 15 s"
+        time.sleep(0.1)
     config = parse({"upstream": {"bootstrap": kafka_cluster.bootstrap}, "ports": {"base": 9100},
                     "nodes": [{"id": "p1", "host": HOST, "bootstrap_port": 9092}],
                     "logging": {"level": "WARNING"}})
-    return config, md.topics[topic_name].partitions[0].leader
+    return config, partitions[0].leader
 
 
 def test_drain_closes_each_connection_at_its_first_idle_moment(kafka_cluster, topic_name):

@@ -22,15 +22,18 @@ saw the same full queue). It starts at the broker's accept queue shared among th
 workers.
 
 Who gets the next turn: each client source address has its own line (FIFO within it),
-so one busy host cannot starve the others. A source whose line was empty (a host with a
-few connects, such as an application reconnecting after a failover) is served first, for
-up to ``sparse_turns`` turns while its whole line fits in them (a storm's hosts all start
-with an empty line: one whose line outgrows its turns joins the round at once, and an
-application host asking later is not held behind their first turns); after that, and for
-the hosts with long lines, round robin
-(fq_codel's sparse-flow rule: without it an application host waits one round of every
-busy host per connect it makes; BENCHMARKS.md, "Connect pacing back, with a line per
-client source"). And a source with nothing in line does not wait while fewer than
+so one busy host cannot starve the others. A source that took fewer than ``sparse_turns``
+turns in its last ``sparse_window_s`` (a host with a few connects, such as an application
+reconnecting after a failover) is served first, the one that took fewest first, while its
+whole line fits in the turns it has left (a storm's hosts all start with an empty line: one
+whose line outgrows its turns joins the round at once); after that, and for the hosts with
+long lines, round robin (fq_codel's sparse-flow rule: without it an application host waits
+one round of every busy host per connect it makes; BENCHMARKS.md, "Connect pacing back,
+with a line per client source"). The turns are counted over a window, not from the moment a
+line was empty: a storm's clients reconnect one by one, so a storm host's line empties and
+fills again all the time, and each time it was new it had gone ahead for ``sparse_turns``
+more (BENCHMARKS.md, session 34: a drill consumer's connects waited 0.6-0.8 s behind 20
+such hosts). And a sparse source with nothing in line does not wait while fewer than
 ``sparse_reserve`` such turns are out: its connect goes ahead of the busy hosts' lines, on
 a few turns of their own, counted apart from ``limit`` (the lines never get them; a cut
 limit does not take them away).
@@ -81,6 +84,10 @@ class PacingSettings:
     # Turns a source whose line was empty gets before the busy sources' round (0: none): a
     # host with a few connects is not held behind the hosts with thousands in line.
     sparse_turns: int = 8
+    # The window those turns are counted in: a storm's host takes its sparse turns, then waits in
+    # the round for the rest of the window however short its line keeps (each client of a storm
+    # reconnects on its own, so a host's line empties and fills again many times a second).
+    sparse_window_s: float = 2.0
     # Turns beside the limit for a source with nothing waiting (a host with a few connects goes
     # ahead of a line it is not part of); limit + reserve stays under the accept queue at start.
     sparse_reserve: int = 8
@@ -104,58 +111,91 @@ class Admission(enum.IntEnum):
 
 
 class _Lane(Generic[W]):
-    __slots__ = ("limit", "in_flight", "reserved", "lines", "sparse", "busy", "sparse_turns", "waiting", "cut_at",
-                 "failing")
+    __slots__ = ("limit", "in_flight", "reserved", "lines", "levels", "level_of", "busy", "sparse_turns",
+                 "window_s", "taken", "_taken_kept", "waiting", "cut_at", "failing")
 
-    def __init__(self, limit: float, sparse_turns: int) -> None:
+    def __init__(self, limit: float, sparse_turns: int, window_s: float) -> None:
         self.limit = limit
         self.in_flight = 0
         self.reserved = 0  # turns out of the sparse sources' reserve, beside in_flight
-        # One line per client source address, FIFO within it. A source whose line was empty
-        # (sparse: a host with a few connects) is served first, for up to ``sparse_turns``
-        # turns, as long as its whole line fits in the turns it has left; then, and for every
-        # other source, round robin (fq_codel's new and old flows).
+        # One line per client source address, FIFO within it. A source that took fewer than
+        # ``sparse_turns`` turns in its last ``window_s`` (sparse: a host with a few connects) is
+        # served first, the fewest taken first (``levels[k]``: the sparse sources with a line
+        # that took k, in the order they got there), as long as its whole line fits in the turns
+        # it has left; then, and for every other source, round robin (``busy``).
         self.lines: dict[Hashable, deque[W]] = {}
-        self.sparse: dict[Hashable, int] = {}  # source -> turns left at the front
+        self.levels: list[dict[Hashable, None]] = [{} for _ in range(sparse_turns)]
+        self.level_of: dict[Hashable, int] = {}
         self.busy: dict[Hashable, None] = {}  # the round's order
         self.sparse_turns = sparse_turns
+        self.window_s = window_s
+        self.taken: dict[Hashable, list[float]] = {}  # source -> [turns taken, since] in its window
+        self._taken_kept = 64  # ``taken`` is pruned of ended windows when it grows past this
         self.waiting = 0
         self.cut_at = float("-inf")
         self.failing = False  # the last outcome was a timeout: no turns until an answer comes
 
-    def queue(self, source: Hashable, waiter: W) -> None:
+    def count(self, source: Hashable, now: float) -> int:
+        """Turns ``source`` took in its window (0 once the window ended)."""
+        entry = self.taken.get(source)
+        return 0 if entry is None or now - entry[1] >= self.window_s else int(entry[0])
+
+    def took(self, source: Hashable, now: float) -> int:
+        """``source`` took a turn: its count in the window, this one included."""
+        entry = self.taken.get(source)
+        if entry is None or now - entry[1] >= self.window_s:
+            if entry is None and len(self.taken) >= self._taken_kept:
+                self.taken = {k: v for k, v in self.taken.items() if now - v[1] < self.window_s}
+                self._taken_kept = max(64, 2 * len(self.taken))
+            self.taken[source] = entry = [0, now]
+        entry[0] += 1
+        return int(entry[0])
+
+    def sparse(self, source: Hashable, now: float) -> bool:
+        """May ``source`` go ahead of the busy hosts now (a reserve turn, the front of the line)?"""
+        return self.sparse_turns == 0 or self.count(source, now) < self.sparse_turns
+
+    def queue(self, source: Hashable, waiter: W, now: float) -> None:
         line = self.lines.get(source)
         if line is None:
             line = self.lines[source] = deque()
-            if self.sparse_turns > 0:
-                self.sparse[source] = self.sparse_turns
+            taken = self.count(source, now)
+            if taken < self.sparse_turns:
+                self.levels[taken][source] = None
+                self.level_of[source] = taken
             else:
                 self.busy[source] = None
         line.append(waiter)
         self.waiting += 1
-        left = self.sparse.get(source)
-        if left is not None and len(line) > left:
+        level = self.level_of.get(source)
+        if level is not None and len(line) > self.sparse_turns - level:
             # More in line than its turns at the front: one of a storm's hosts, not a host with a
             # few connects. Every host's line is new when a storm begins: left at the front, the
             # busy hosts' first turns would all go before an application host that asked later
             # (BENCHMARKS.md, session 33: a drill consumer's connect waited 1.2 s in line).
-            del self.sparse[source]
+            del self.levels[level][source]
+            del self.level_of[source]
             self.busy[source] = None
 
-    def next_waiter(self) -> W:
-        if self.sparse:
-            source = next(iter(self.sparse))
+    def next_waiter(self, now: float) -> W:
+        for level, sources in enumerate(self.levels):
+            if not sources:
+                continue
+            source = next(iter(sources))
             waiter = self._take(source)
-            if source in self.lines:
-                left = self.sparse[source] - 1
-                if left > 0:
-                    self.sparse[source] = left
+            taken = self.took(source, now)
+            if source in self.lines:  # still waiting: one level up, at its end, or to the round
+                del sources[source]
+                if taken < self.sparse_turns:
+                    self.levels[taken][source] = None
+                    self.level_of[source] = taken
                 else:
-                    del self.sparse[source]
+                    del self.level_of[source]
                     self.busy[source] = None
             return waiter
         source = next(iter(self.busy))
         waiter = self._take(source)
+        self.took(source, now)
         if source in self.lines:
             del self.busy[source]
             self.busy[source] = None  # to the back of the round
@@ -171,7 +211,9 @@ class _Lane(Generic[W]):
 
     def _forget(self, source: Hashable) -> None:
         del self.lines[source]
-        self.sparse.pop(source, None)
+        level = self.level_of.pop(source, None)
+        if level is not None:
+            del self.levels[level][source]
         self.busy.pop(source, None)
 
     def remove(self, source: Hashable, waiter: W) -> None:
@@ -194,7 +236,8 @@ class ConnectPacer(Generic[K, W]):
     def _lane(self, key: K) -> _Lane[W]:
         lane = self._lanes.get(key)
         if lane is None:
-            lane = self._lanes[key] = _Lane(float(self.settings.initial), self.settings.sparse_turns)
+            lane = self._lanes[key] = _Lane(float(self.settings.initial), self.settings.sparse_turns,
+                                            self.settings.sparse_window_s)
         return lane
 
     def limit(self, key: K) -> int:
@@ -221,19 +264,22 @@ class ConnectPacer(Generic[K, W]):
             return 0 if lane is None else lane.waiting + lane.in_flight + lane.reserved
         return sorted(keys, key=load)
 
-    def admit(self, key: K, waiter: W, source: Hashable = None) -> Admission:
+    def admit(self, key: K, waiter: W, source: Hashable = None, now: float = 0.0) -> Admission:
         """TURN or RESERVE: ``waiter`` has a turn now (counted in flight, or out of the
         reserve). QUEUED: it is in ``source``'s line (the client's address), and comes out of
-        :meth:`release` when its turn comes. A source with nothing in line goes ahead on one
-        of ``sparse_reserve`` reserve turns if one is free."""
+        :meth:`release` when its turn comes. A sparse source (fewer than ``sparse_turns`` turns
+        in its window) with nothing in line goes ahead on one of ``sparse_reserve`` reserve
+        turns if one is free. ``now``: the clock the windows are measured on."""
         lane = self._lane(key)
         if lane.failing or (not lane.waiting and lane.in_flight < int(lane.limit)):
             lane.in_flight += 1
+            lane.took(source, now)
             return Admission.TURN
-        if source not in lane.lines and lane.reserved < self.settings.sparse_reserve:
+        if source not in lane.lines and lane.reserved < self.settings.sparse_reserve and lane.sparse(source, now):
             lane.reserved += 1
+            lane.took(source, now)
             return Admission.RESERVE
-        lane.queue(source, waiter)
+        lane.queue(source, waiter, now)
         return Admission.QUEUED
 
     def withdraw(self, key: K, waiter: W, source: Hashable = None) -> None:
@@ -255,7 +301,7 @@ class ConnectPacer(Generic[K, W]):
         else:
             lane.limit = min(float(s.ceiling), lane.limit + 1 / lane.limit)
 
-    def release(self, key: K, *, reserved: bool = False) -> list[W]:
+    def release(self, key: K, *, reserved: bool = False, now: float = 0.0) -> list[W]:
         """A turn is given back (``reserved``: one of the reserve): the waiters whose turn it
         is now (counted in flight), in order. A reserve turn frees a reserve turn only."""
         lane = self._lane(key)
@@ -265,7 +311,7 @@ class ConnectPacer(Generic[K, W]):
         lane.in_flight -= 1
         started: list[W] = []
         while lane.waiting and (lane.failing or lane.in_flight < int(lane.limit)):
-            started.append(lane.next_waiter())
+            started.append(lane.next_waiter(now))
             lane.in_flight += 1
         return started
 
@@ -368,7 +414,7 @@ class ConnectTurns:
         """A turn to connect to ``key`` for a client at ``source`` (its address), once one is free."""
         asked = self.clock()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        admission = self.pacer.admit(key, fut, source)
+        admission = self.pacer.admit(key, fut, source, asked)
         if admission is Admission.QUEUED:
             self.on_wait()
             try:
@@ -382,7 +428,7 @@ class ConnectTurns:
         return Turn(self, key, source, asked, self.clock(), reserved=admission is Admission.RESERVE)
 
     def give_back(self, key: Hashable, *, reserved: bool = False) -> None:
-        for fut in self.pacer.release(key, reserved=reserved):
+        for fut in self.pacer.release(key, reserved=reserved, now=self.clock()):
             if fut.done():  # cancelled while queued and not yet withdrawn: pass the turn on
                 self.give_back(key)
             else:

@@ -22,21 +22,20 @@ saw the same full queue). It starts at the broker's accept queue shared among th
 workers.
 
 Who gets the next turn: each client source address has its own line (FIFO within it),
-so one busy host cannot starve the others. A source that took fewer than ``sparse_turns``
-turns in its last ``sparse_window_s`` (a host with a few connects, such as an application
-reconnecting after a failover) is served first, the one that took fewest first, while its
-whole line fits in the turns it has left (a storm's hosts all start with an empty line: one
-whose line outgrows its turns joins the round at once); after that, and for the hosts with
-long lines, round robin (fq_codel's sparse-flow rule: without it an application host waits
-one round of every busy host per connect it makes; BENCHMARKS.md, "Connect pacing back,
-with a line per client source"). The turns are counted over a window, not from the moment a
-line was empty: a storm's clients reconnect one by one, so a storm host's line empties and
-fills again all the time, and each time it was new it had gone ahead for ``sparse_turns``
-more (BENCHMARKS.md, session 34: a drill consumer's connects waited 0.6-0.8 s behind 20
-such hosts). And a sparse source with nothing in line does not wait while fewer than
-``sparse_reserve`` such turns are out: its connect goes ahead of the busy hosts' lines, on
-a few turns of their own, counted apart from ``limit`` (the lines never get them; a cut
-limit does not take them away).
+so one busy host cannot starve the others. A source that asked for at most
+``sparse_turns`` turns in its last ``sparse_window_s`` (a host with a few connects, such as
+an application reconnecting after a failover) is served first, the one that asked fewest
+first; every other source, round robin (fq_codel's sparse-flow rule: without it an
+application host waits one round of every busy host per connect it makes; BENCHMARKS.md,
+"Connect pacing back, with a line per client source"). The asks are counted over a window,
+not from the moment a line was empty, nor by the turns a source got: a storm's clients
+reconnect one by one, so a storm host's line empties and fills again all the time and had
+gone ahead again each time; and in a storm's first second every host has been served little,
+an application host too. What tells them apart is what they ask for (BENCHMARKS.md, session
+34: a drill consumer's connects waited 0.2-0.8 s behind 20 such hosts). And a sparse source
+with nothing in line does not wait while fewer than ``sparse_reserve`` such turns are out:
+its connect goes ahead of the busy hosts' lines, on a few turns of their own, counted apart
+from ``limit`` (the lines never get them; a cut limit does not take them away).
 
 A broker that does not answer at all (its host cut off: every connect times out) is not
 paced: after a timed-out connect, and until a connect to it is answered again, nobody
@@ -81,12 +80,13 @@ class PacingSettings:
     # (1 s): the handshake's last ACK found its accept queue full. A busy broker answers later
     # than slow_s without any of that, so an answer is judged by this longer bound.
     late_answer_s: float = 1.0
-    # Turns a source whose line was empty gets before the busy sources' round (0: none): a
-    # host with a few connects is not held behind the hosts with thousands in line.
+    # Asks in its window up to which a source is served before the busy sources' round (0: none):
+    # a host with a few connects is not held behind the hosts with thousands.
     sparse_turns: int = 8
-    # The window those turns are counted in: a storm's host takes its sparse turns, then waits in
-    # the round for the rest of the window however short its line keeps (each client of a storm
-    # reconnects on its own, so a host's line empties and fills again many times a second).
+    # The window a source's asks are counted in: a storm's host asks for many more than
+    # sparse_turns in its first moments and waits in the round for the rest of the window, however
+    # short its line keeps (each client of a storm reconnects on its own: a host's line empties
+    # and fills again many times a second).
     sparse_window_s: float = 2.0
     # Turns beside the limit for a source with nothing waiting (a host with a few connects goes
     # ahead of a line it is not part of); limit + reserve stays under the accept queue at start.
@@ -112,90 +112,75 @@ class Admission(enum.IntEnum):
 
 class _Lane(Generic[W]):
     __slots__ = ("limit", "in_flight", "reserved", "lines", "levels", "level_of", "busy", "sparse_turns",
-                 "window_s", "taken", "_taken_kept", "waiting", "cut_at", "failing")
+                 "window_s", "asks", "_asks_kept", "waiting", "cut_at", "failing")
 
     def __init__(self, limit: float, sparse_turns: int, window_s: float) -> None:
         self.limit = limit
         self.in_flight = 0
         self.reserved = 0  # turns out of the sparse sources' reserve, beside in_flight
-        # One line per client source address, FIFO within it. A source that took fewer than
+        # One line per client source address, FIFO within it. A source that asked for at most
         # ``sparse_turns`` turns in its last ``window_s`` (sparse: a host with a few connects) is
-        # served first, the fewest taken first (``levels[k]``: the sparse sources with a line
-        # that took k, in the order they got there), as long as its whole line fits in the turns
-        # it has left; then, and for every other source, round robin (``busy``).
+        # served first, the one that asked fewest first (``levels[k]``: the sparse sources with a
+        # line whose first waiter was their (k+1)-th ask, in the order they got there); every
+        # other source, round robin (``busy``).
         self.lines: dict[Hashable, deque[W]] = {}
         self.levels: list[dict[Hashable, None]] = [{} for _ in range(sparse_turns)]
         self.level_of: dict[Hashable, int] = {}
         self.busy: dict[Hashable, None] = {}  # the round's order
         self.sparse_turns = sparse_turns
         self.window_s = window_s
-        self.taken: dict[Hashable, list[float]] = {}  # source -> [turns taken, since] in its window
-        self._taken_kept = 64  # ``taken`` is pruned of ended windows when it grows past this
+        self.asks: dict[Hashable, list[float]] = {}  # source -> [turns asked, since] in its window
+        self._asks_kept = 64  # ``asks`` is pruned of ended windows when it grows past this
         self.waiting = 0
         self.cut_at = float("-inf")
         self.failing = False  # the last outcome was a timeout: no turns until an answer comes
 
-    def count(self, source: Hashable, now: float) -> int:
-        """Turns ``source`` took in its window (0 once the window ended)."""
-        entry = self.taken.get(source)
-        return 0 if entry is None or now - entry[1] >= self.window_s else int(entry[0])
-
-    def took(self, source: Hashable, now: float) -> int:
-        """``source`` took a turn: its count in the window, this one included."""
-        entry = self.taken.get(source)
+    def asked(self, source: Hashable, now: float) -> int:
+        """``source`` asks for a turn: its asks in its window, this one included."""
+        entry = self.asks.get(source)
         if entry is None or now - entry[1] >= self.window_s:
-            if entry is None and len(self.taken) >= self._taken_kept:
-                self.taken = {k: v for k, v in self.taken.items() if now - v[1] < self.window_s}
-                self._taken_kept = max(64, 2 * len(self.taken))
-            self.taken[source] = entry = [0, now]
+            if entry is None and len(self.asks) >= self._asks_kept:
+                self.asks = {k: v for k, v in self.asks.items() if now - v[1] < self.window_s}
+                self._asks_kept = max(64, 2 * len(self.asks))
+            self.asks[source] = entry = [0, now]
         entry[0] += 1
         return int(entry[0])
 
-    def sparse(self, source: Hashable, now: float) -> bool:
-        """May ``source`` go ahead of the busy hosts now (a reserve turn, the front of the line)?"""
-        return self.sparse_turns == 0 or self.count(source, now) < self.sparse_turns
+    def sparse(self, asks: int) -> bool:
+        """May a source with ``asks`` in its window go ahead of the busy hosts?"""
+        return self.sparse_turns == 0 or asks <= self.sparse_turns
 
-    def queue(self, source: Hashable, waiter: W, now: float) -> None:
+    def queue(self, source: Hashable, waiter: W, asks: int) -> None:
+        """``waiter`` in ``source``'s line; ``asks``: the source's asks in its window, this one included."""
         line = self.lines.get(source)
         if line is None:
             line = self.lines[source] = deque()
-            taken = self.count(source, now)
-            if taken < self.sparse_turns:
-                self.levels[taken][source] = None
-                self.level_of[source] = taken
+            if asks <= self.sparse_turns:
+                self.levels[asks - 1][source] = None
+                self.level_of[source] = asks - 1
             else:
                 self.busy[source] = None
-        line.append(waiter)
-        self.waiting += 1
-        level = self.level_of.get(source)
-        if level is not None and len(line) > self.sparse_turns - level:
-            # More in line than its turns at the front: one of a storm's hosts, not a host with a
-            # few connects. Every host's line is new when a storm begins: left at the front, the
+        elif asks > self.sparse_turns and source in self.level_of:
+            # More asks than turns at the front: one of a storm's hosts, not a host with a few
+            # connects. Every host's line is new when a storm begins: left at the front, the
             # busy hosts' first turns would all go before an application host that asked later
             # (BENCHMARKS.md, session 33: a drill consumer's connect waited 1.2 s in line).
-            del self.levels[level][source]
-            del self.level_of[source]
+            del self.levels[self.level_of.pop(source)][source]
             self.busy[source] = None
+        line.append(waiter)
+        self.waiting += 1
 
-    def next_waiter(self, now: float) -> W:
-        for level, sources in enumerate(self.levels):
-            if not sources:
-                continue
-            source = next(iter(sources))
-            waiter = self._take(source)
-            taken = self.took(source, now)
-            if source in self.lines:  # still waiting: one level up, at its end, or to the round
-                del sources[source]
-                if taken < self.sparse_turns:
-                    self.levels[taken][source] = None
-                    self.level_of[source] = taken
-                else:
-                    del self.level_of[source]
-                    self.busy[source] = None
-            return waiter
+    def next_waiter(self) -> W:
+        for sources in self.levels:
+            if sources:
+                source = next(iter(sources))
+                waiter = self._take(source)
+                if source in self.lines:  # still waiting: to the back of its level
+                    del sources[source]
+                    sources[source] = None
+                return waiter
         source = next(iter(self.busy))
         waiter = self._take(source)
-        self.took(source, now)
         if source in self.lines:
             del self.busy[source]
             self.busy[source] = None  # to the back of the round
@@ -267,19 +252,18 @@ class ConnectPacer(Generic[K, W]):
     def admit(self, key: K, waiter: W, source: Hashable = None, now: float = 0.0) -> Admission:
         """TURN or RESERVE: ``waiter`` has a turn now (counted in flight, or out of the
         reserve). QUEUED: it is in ``source``'s line (the client's address), and comes out of
-        :meth:`release` when its turn comes. A sparse source (fewer than ``sparse_turns`` turns
-        in its window) with nothing in line goes ahead on one of ``sparse_reserve`` reserve
-        turns if one is free. ``now``: the clock the windows are measured on."""
+        :meth:`release` when its turn comes. A sparse source (at most ``sparse_turns`` asks in
+        its window, this one included) with nothing in line goes ahead on one of
+        ``sparse_reserve`` reserve turns if one is free. ``now``: the clock of the windows."""
         lane = self._lane(key)
+        asks = lane.asked(source, now)
         if lane.failing or (not lane.waiting and lane.in_flight < int(lane.limit)):
             lane.in_flight += 1
-            lane.took(source, now)
             return Admission.TURN
-        if source not in lane.lines and lane.reserved < self.settings.sparse_reserve and lane.sparse(source, now):
+        if source not in lane.lines and lane.reserved < self.settings.sparse_reserve and lane.sparse(asks):
             lane.reserved += 1
-            lane.took(source, now)
             return Admission.RESERVE
-        lane.queue(source, waiter, now)
+        lane.queue(source, waiter, asks)
         return Admission.QUEUED
 
     def withdraw(self, key: K, waiter: W, source: Hashable = None) -> None:
@@ -301,7 +285,7 @@ class ConnectPacer(Generic[K, W]):
         else:
             lane.limit = min(float(s.ceiling), lane.limit + 1 / lane.limit)
 
-    def release(self, key: K, *, reserved: bool = False, now: float = 0.0) -> list[W]:
+    def release(self, key: K, *, reserved: bool = False) -> list[W]:
         """A turn is given back (``reserved``: one of the reserve): the waiters whose turn it
         is now (counted in flight), in order. A reserve turn frees a reserve turn only."""
         lane = self._lane(key)
@@ -311,7 +295,7 @@ class ConnectPacer(Generic[K, W]):
         lane.in_flight -= 1
         started: list[W] = []
         while lane.waiting and (lane.failing or lane.in_flight < int(lane.limit)):
-            started.append(lane.next_waiter(now))
+            started.append(lane.next_waiter())
             lane.in_flight += 1
         return started
 
@@ -428,7 +412,7 @@ class ConnectTurns:
         return Turn(self, key, source, asked, self.clock(), reserved=admission is Admission.RESERVE)
 
     def give_back(self, key: Hashable, *, reserved: bool = False) -> None:
-        for fut in self.pacer.release(key, reserved=reserved, now=self.clock()):
+        for fut in self.pacer.release(key, reserved=reserved):
             if fut.done():  # cancelled while queued and not yet withdrawn: pass the turn on
                 self.give_back(key)
             else:

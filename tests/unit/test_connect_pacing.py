@@ -74,8 +74,7 @@ def test_a_host_with_few_connects_waiting_goes_before_the_busy_hosts_round() -> 
     for i in range(1, 6):
         p.admit(A, f"busy-{i}", "h1")
     p.admit(A, "other-0", "h2")
-    # h2 took no turn yet, h0 one: h2 first; h1's line outgrew the one turn it had left
-    assert [w for w in p.release(A) + p.release(A)] == ["other-0", "few-1"]
+    assert [w for w in p.release(A) + p.release(A)] == ["few-1", "other-0"]  # h1 asked past its two
     p.admit(A, "app-0", "h3"), p.admit(A, "app-1", "h3")
     started = [w for _ in range(4) for w in p.release(A)]
     # h3's two sparse turns, then the round: h1 only
@@ -99,56 +98,56 @@ def test_a_storms_hosts_whose_lines_outgrow_their_sparse_turns_go_behind_an_appl
     assert p.release(A) == ["storm-0-0"] and p.release(A) == ["storm-1-0"]  # then the round
 
 
-def test_a_storm_host_whose_line_empties_and_fills_again_keeps_its_sparse_turns_for_the_window_only() -> None:
+def test_a_storm_host_whose_line_empties_and_fills_again_is_sparse_for_its_first_asks_in_the_window_only() -> None:
     """Each client of a storm reconnects on its own: a storm host's line is empty again and
-    again. Its sparse turns are counted over the window, so an application host that asks
-    while the storm host's line is short still goes first; once the window ended, the storm
-    host is sparse again."""
+    again. Its asks are counted over the window, so an application host that asks while the
+    storm host's line is short still goes first; once the window ended, the storm host is
+    sparse again."""
     p: ConnectPacer[tuple[str, int], str] = ConnectPacer(
         _limit_only(initial=1, floor=1, sparse_turns=2, sparse_window_s=2.0))
     assert p.admit(A, "held", "h0", now=0.0)  # the one turn, passed from waiter to waiter below
     for i in range(2):  # the storm host's line: one waiter, served, empty again
         assert p.admit(A, f"storm-{i}", "storm", now=0.1 * i) is Admission.QUEUED
-        assert p.release(A, now=0.1 * i + 0.05) == [f"storm-{i}"]
-    p.admit(A, "storm-2", "storm", now=0.5)  # two taken in the window: it joins the round
-    p.admit(A, "other-0", "other", now=0.5)  # took none: ahead of the round
+        assert p.release(A) == [f"storm-{i}"]
+    p.admit(A, "storm-2", "storm", now=0.5)  # its third ask in the window: it joins the round
+    p.admit(A, "other-0", "other", now=0.5)  # its first: ahead of the round
     p.admit(A, "app-0", "app", now=0.6)
-    assert [w for t in (0.7, 0.8, 0.9) for w in p.release(A, now=t)] == ["other-0", "app-0", "storm-2"]
+    assert [w for _ in range(3) for w in p.release(A)] == ["other-0", "app-0", "storm-2"]
     p.admit(A, "app-1", "app", now=1.0)
     p.admit(A, "storm-3", "storm", now=1.0)
-    assert p.release(A, now=1.1) == ["app-1"]  # app took one turn, storm three
-    assert p.release(A, now=1.2) == ["storm-3"]
-    p.admit(A, "storm-4", "storm", now=2.2)  # its window (from 0.05) ended: sparse again
-    p.admit(A, "app-2", "app", now=2.2)  # app took two in its window (from 0.8): the round
-    assert p.release(A, now=2.3) == ["storm-4"]
+    assert p.release(A) == ["app-1"]  # app's second ask, storm's fourth
+    assert p.release(A) == ["storm-3"]
+    p.admit(A, "storm-4", "storm", now=2.2)  # its window (from 0.0) ended: sparse again
+    p.admit(A, "app-2", "app", now=2.2)  # app's window (from 0.6) goes on: its third ask, the round
+    assert p.release(A) == ["storm-4"]
 
 
-def test_the_sparse_source_that_took_fewest_goes_first_and_one_past_its_turns_gets_no_reserve() -> None:
+def test_the_sparse_source_that_asked_fewest_goes_first_and_one_past_its_asks_gets_no_reserve() -> None:
     p: ConnectPacer[tuple[str, int], str] = ConnectPacer(
         PacingSettings(initial=1, floor=1, sparse_turns=3, sparse_reserve=1, sparse_window_s=2.0))
     assert p.admit(A, "h1-0", "h1", now=0.0) is Admission.TURN
     assert p.admit(A, "h1-1", "h1", now=0.0) is Admission.RESERVE
-    assert p.release(A, reserved=True, now=0.1) == []
+    assert p.release(A, reserved=True) == []
     assert p.admit(A, "h1-2", "h1", now=0.1) is Admission.RESERVE  # the third of its three
-    assert p.release(A, reserved=True, now=0.1) == []
-    assert p.admit(A, "h1-3", "h1", now=0.2) is Admission.QUEUED  # past its turns: no reserve, in the round
+    assert p.release(A, reserved=True) == []
+    assert p.admit(A, "h1-3", "h1", now=0.2) is Admission.QUEUED  # its fourth ask: no reserve, in the round
     assert p.admit(A, "h2-0", "h2", now=0.2) is Admission.RESERVE
     p.admit(A, "h2-1", "h2", now=0.2), p.admit(A, "h3-0", "h3", now=0.3)
-    assert p.release(A, now=0.4) == ["h3-0"]  # h3 took none, h2 one
-    assert p.release(A, now=0.4) == ["h2-1"] and p.release(A, now=0.4) == ["h1-3"]
-    assert p.release(A, reserved=True, now=2.4) == []  # h2-0's reserve turn back
+    assert p.release(A) == ["h3-0"]  # h3's line began at its first ask, h2's at its second
+    assert p.release(A) == ["h2-1"] and p.release(A) == ["h1-3"]
+    assert p.release(A, reserved=True) == []  # h2-0's reserve turn back
     assert p.admit(A, "h1-4", "h1", now=2.5) is Admission.RESERVE  # a new window
 
 
-def test_the_counts_of_ended_windows_are_dropped_and_those_in_their_window_kept() -> None:
+def test_the_asks_of_ended_windows_are_dropped_and_those_in_their_window_kept() -> None:
     p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=2, sparse_turns=2, sparse_window_s=1.0))
     for i in range(200):  # one turn each, a hundred hosts at 0 s and a hundred at 5 s
         now = 0.0 if i < 100 else 5.0
         assert p.admit(A, f"w{i}", f"10.0.{i // 100}.{i % 100}", now=now) is Admission.TURN
-        assert p.release(A, now=now) == []
+        assert p.release(A) == []
     lane = p._lanes[A]
-    assert len(lane.taken) < 200  # the first hundred's windows had ended when the table grew
-    assert all(lane.count(f"10.0.1.{i}", 5.5) == 1 for i in range(100))
+    assert len(lane.asks) < 200  # the first hundred's windows had ended when the table grew
+    assert all(lane.asks[f"10.0.1.{i}"] == [1, 5.0] for i in range(100))
 
 
 def test_a_source_with_nothing_in_line_goes_ahead_on_a_reserve_turn_beside_the_limit() -> None:
@@ -163,7 +162,7 @@ def test_a_source_with_nothing_in_line_goes_ahead_on_a_reserve_turn_beside_the_l
     assert (p.in_flight(A), p.reserved(A), p.waiting(A)) == (1, 1, 3)
     p.observe(A, 0.0, 2.0)  # a cut (the floor here) does not take the reserve away
     assert p.release(A, reserved=True) == [] and p.admit(A, "app-2", "h3") is Admission.RESERVE
-    # h2 took one turn, h1 two: the fewest taken go first
+    # h2's line began at its second ask, h1's at its third: the fewest asks go first
     assert p.release(A) == ["app-1"] and p.release(A) == ["busy-2"]
 
 

@@ -121,8 +121,8 @@ class _Lane(Generic[W]):
         # One line per client source address, FIFO within it. A source that asked for at most
         # ``sparse_turns`` turns in its last ``window_s`` (sparse: a host with a few connects) is
         # served first, the one that asked fewest first (``levels[k]``: the sparse sources with a
-        # line whose first waiter was their (k+1)-th ask, in the order they got there); every
-        # other source, round robin (``busy``).
+        # line that asked k+1 times, in the order they got there); every other source, round
+        # robin (``busy``).
         self.lines: dict[Hashable, deque[W]] = {}
         self.levels: list[dict[Hashable, None]] = [{} for _ in range(sparse_turns)]
         self.level_of: dict[Hashable, int] = {}
@@ -160,13 +160,17 @@ class _Lane(Generic[W]):
                 self.level_of[source] = asks - 1
             else:
                 self.busy[source] = None
-        elif asks > self.sparse_turns and source in self.level_of:
-            # More asks than turns at the front: one of a storm's hosts, not a host with a few
-            # connects. Every host's line is new when a storm begins: left at the front, the
-            # busy hosts' first turns would all go before an application host that asked later
-            # (BENCHMARKS.md, session 33: a drill consumer's connect waited 1.2 s in line).
+        elif source in self.level_of:
             del self.levels[self.level_of.pop(source)][source]
-            self.busy[source] = None
+            if asks <= self.sparse_turns:  # behind the sources that asked fewer
+                self.levels[asks - 1][source] = None
+                self.level_of[source] = asks - 1
+            else:
+                # More asks than turns at the front: one of a storm's hosts, not a host with a
+                # few connects. Every host's line is new when a storm begins: left at the front,
+                # the busy hosts' first turns would all go before an application host that asked
+                # later (BENCHMARKS.md, session 33: a drill consumer's connect waited 1.2 s).
+                self.busy[source] = None
         line.append(waiter)
         self.waiting += 1
 

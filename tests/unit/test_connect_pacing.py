@@ -74,7 +74,8 @@ def test_a_host_with_few_connects_waiting_goes_before_the_busy_hosts_round() -> 
     for i in range(1, 6):
         p.admit(A, f"busy-{i}", "h1")
     p.admit(A, "other-0", "h2")
-    assert [w for w in p.release(A) + p.release(A)] == ["few-1", "other-0"]  # h1 asked past its two
+    # h2 asked once, h0 twice: h2 first; h1 asked past its two: in the round
+    assert [w for w in p.release(A) + p.release(A)] == ["other-0", "few-1"]
     p.admit(A, "app-0", "h3"), p.admit(A, "app-1", "h3")
     started = [w for _ in range(4) for w in p.release(A)]
     # h3's two sparse turns, then the round: h1 only
@@ -414,3 +415,16 @@ def test_a_bootstrap_connection_goes_to_the_broker_with_the_fewest_connects_wait
     assert p.least_loaded_first(["b2", "b3"]) == ["b3", "b2"]
     p.release("b2"), p.release("b2")
     assert p.least_loaded_first(["b2", "b3"]) == ["b2", "b3"]
+
+
+def test_a_storm_host_asking_slowly_at_first_goes_behind_an_application_host_that_asked_less() -> None:
+    """A storm host's clients come one after the other: its line is short while its asks grow.
+    It goes behind a host that asked fewer times, whenever that one asked."""
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=1, floor=1, sparse_turns=8))
+    assert p.admit(A, "held", "h0", now=0.0)
+    for i in range(5):
+        p.admit(A, f"storm-{i}", "storm", now=0.01 * i)  # five asks, one line
+    for i in range(3):
+        p.admit(A, f"app-{i}", "app", now=0.1)
+    assert [w for _ in range(8) for w in p.release(A)] == [
+        "app-0", "app-1", "app-2", "storm-0", "storm-1", "storm-2", "storm-3", "storm-4"]

@@ -22,20 +22,18 @@ saw the same full queue). It starts at the broker's accept queue shared among th
 workers.
 
 Who gets the next turn: each client source address has its own line (FIFO within it),
-so one busy host cannot starve the others. A source that asked for at most
-``sparse_turns`` turns in its last ``sparse_window_s`` (a host with a few connects, such as
-an application reconnecting after a failover) is served first, the one that asked fewest
-first; every other source, round robin (fq_codel's sparse-flow rule: without it an
-application host waits one round of every busy host per connect it makes; BENCHMARKS.md,
-"Connect pacing back, with a line per client source"). The asks are counted over a window,
-not from the moment a line was empty, nor by the turns a source got: a storm's clients
-reconnect one by one, so a storm host's line empties and fills again all the time and had
-gone ahead again each time; and in a storm's first second every host has been served little,
-an application host too. What tells them apart is what they ask for (BENCHMARKS.md, session
-34: a drill consumer's connects waited 0.2-0.8 s behind 20 such hosts). And a sparse source
-with nothing in line does not wait while fewer than ``sparse_reserve`` such turns are out:
-its connect goes ahead of the busy hosts' lines, on a few turns of their own, counted apart
-from ``limit`` (the lines never get them; a cut limit does not take them away).
+so one busy host cannot starve the others. A source whose line was empty (a host with a
+few connects, such as an application reconnecting after a failover) is served first, for
+up to ``sparse_turns`` turns while its whole line fits in them (a storm's hosts all start
+with an empty line: one whose line outgrows its turns joins the round at once, and an
+application host asking later is not held behind their first turns); after that, and for
+the hosts with long lines, round robin
+(fq_codel's sparse-flow rule: without it an application host waits one round of every
+busy host per connect it makes; BENCHMARKS.md, "Connect pacing back, with a line per
+client source"). And a source with nothing in line does not wait while fewer than
+``sparse_reserve`` such turns are out: its connect goes ahead of the busy hosts' lines, on
+a few turns of their own, counted apart from ``limit`` (the lines never get them; a cut
+limit does not take them away).
 
 A broker that does not answer at all (its host cut off: every connect times out) is not
 paced: after a timed-out connect, and until a connect to it is answered again, nobody
@@ -80,14 +78,9 @@ class PacingSettings:
     # (1 s): the handshake's last ACK found its accept queue full. A busy broker answers later
     # than slow_s without any of that, so an answer is judged by this longer bound.
     late_answer_s: float = 1.0
-    # Asks in its window up to which a source is served before the busy sources' round (0: none):
-    # a host with a few connects is not held behind the hosts with thousands.
+    # Turns a source whose line was empty gets before the busy sources' round (0: none): a
+    # host with a few connects is not held behind the hosts with thousands in line.
     sparse_turns: int = 8
-    # The window a source's asks are counted in: a storm's host asks for many more than
-    # sparse_turns in its first moments and waits in the round for the rest of the window, however
-    # short its line keeps (each client of a storm reconnects on its own: a host's line empties
-    # and fills again many times a second).
-    sparse_window_s: float = 2.0
     # Turns beside the limit for a source with nothing waiting (a host with a few connects goes
     # ahead of a line it is not part of); limit + reserve stays under the accept queue at start.
     sparse_reserve: int = 8
@@ -111,78 +104,56 @@ class Admission(enum.IntEnum):
 
 
 class _Lane(Generic[W]):
-    __slots__ = ("limit", "in_flight", "reserved", "lines", "levels", "level_of", "busy", "sparse_turns",
-                 "window_s", "asks", "_asks_kept", "waiting", "cut_at", "failing")
+    __slots__ = ("limit", "in_flight", "reserved", "lines", "sparse", "busy", "sparse_turns", "waiting", "cut_at",
+                 "failing")
 
-    def __init__(self, limit: float, sparse_turns: int, window_s: float) -> None:
+    def __init__(self, limit: float, sparse_turns: int) -> None:
         self.limit = limit
         self.in_flight = 0
         self.reserved = 0  # turns out of the sparse sources' reserve, beside in_flight
-        # One line per client source address, FIFO within it. A source that asked for at most
-        # ``sparse_turns`` turns in its last ``window_s`` (sparse: a host with a few connects) is
-        # served first, the one that asked fewest first (``levels[k]``: the sparse sources with a
-        # line that asked k+1 times, in the order they got there); every other source, round
-        # robin (``busy``).
+        # One line per client source address, FIFO within it. A source whose line was empty
+        # (sparse: a host with a few connects) is served first, for up to ``sparse_turns``
+        # turns, as long as its whole line fits in the turns it has left; then, and for every
+        # other source, round robin (fq_codel's new and old flows).
         self.lines: dict[Hashable, deque[W]] = {}
-        self.levels: list[dict[Hashable, None]] = [{} for _ in range(sparse_turns)]
-        self.level_of: dict[Hashable, int] = {}
+        self.sparse: dict[Hashable, int] = {}  # source -> turns left at the front
         self.busy: dict[Hashable, None] = {}  # the round's order
         self.sparse_turns = sparse_turns
-        self.window_s = window_s
-        self.asks: dict[Hashable, list[float]] = {}  # source -> [turns asked, since] in its window
-        self._asks_kept = 64  # ``asks`` is pruned of ended windows when it grows past this
         self.waiting = 0
         self.cut_at = float("-inf")
         self.failing = False  # the last outcome was a timeout: no turns until an answer comes
 
-    def asked(self, source: Hashable, now: float) -> int:
-        """``source`` asks for a turn: its asks in its window, this one included."""
-        entry = self.asks.get(source)
-        if entry is None or now - entry[1] >= self.window_s:
-            if entry is None and len(self.asks) >= self._asks_kept:
-                self.asks = {k: v for k, v in self.asks.items() if now - v[1] < self.window_s}
-                self._asks_kept = max(64, 2 * len(self.asks))
-            self.asks[source] = entry = [0, now]
-        entry[0] += 1
-        return int(entry[0])
-
-    def sparse(self, asks: int) -> bool:
-        """May a source with ``asks`` in its window go ahead of the busy hosts?"""
-        return self.sparse_turns == 0 or asks <= self.sparse_turns
-
-    def queue(self, source: Hashable, waiter: W, asks: int) -> None:
-        """``waiter`` in ``source``'s line; ``asks``: the source's asks in its window, this one included."""
+    def queue(self, source: Hashable, waiter: W) -> None:
         line = self.lines.get(source)
         if line is None:
             line = self.lines[source] = deque()
-            if asks <= self.sparse_turns:
-                self.levels[asks - 1][source] = None
-                self.level_of[source] = asks - 1
+            if self.sparse_turns > 0:
+                self.sparse[source] = self.sparse_turns
             else:
-                self.busy[source] = None
-        elif source in self.level_of:
-            del self.levels[self.level_of.pop(source)][source]
-            if asks <= self.sparse_turns:  # behind the sources that asked fewer
-                self.levels[asks - 1][source] = None
-                self.level_of[source] = asks - 1
-            else:
-                # More asks than turns at the front: one of a storm's hosts, not a host with a
-                # few connects. Every host's line is new when a storm begins: left at the front,
-                # the busy hosts' first turns would all go before an application host that asked
-                # later (BENCHMARKS.md, session 33: a drill consumer's connect waited 1.2 s).
                 self.busy[source] = None
         line.append(waiter)
         self.waiting += 1
+        left = self.sparse.get(source)
+        if left is not None and len(line) > left:
+            # More in line than its turns at the front: one of a storm's hosts, not a host with a
+            # few connects. Every host's line is new when a storm begins: left at the front, the
+            # busy hosts' first turns would all go before an application host that asked later
+            # (BENCHMARKS.md, session 33: a drill consumer's connect waited 1.2 s in line).
+            del self.sparse[source]
+            self.busy[source] = None
 
     def next_waiter(self) -> W:
-        for sources in self.levels:
-            if sources:
-                source = next(iter(sources))
-                waiter = self._take(source)
-                if source in self.lines:  # still waiting: to the back of its level
-                    del sources[source]
-                    sources[source] = None
-                return waiter
+        if self.sparse:
+            source = next(iter(self.sparse))
+            waiter = self._take(source)
+            if source in self.lines:
+                left = self.sparse[source] - 1
+                if left > 0:
+                    self.sparse[source] = left
+                else:
+                    del self.sparse[source]
+                    self.busy[source] = None
+            return waiter
         source = next(iter(self.busy))
         waiter = self._take(source)
         if source in self.lines:
@@ -200,9 +171,7 @@ class _Lane(Generic[W]):
 
     def _forget(self, source: Hashable) -> None:
         del self.lines[source]
-        level = self.level_of.pop(source, None)
-        if level is not None:
-            del self.levels[level][source]
+        self.sparse.pop(source, None)
         self.busy.pop(source, None)
 
     def remove(self, source: Hashable, waiter: W) -> None:
@@ -225,8 +194,7 @@ class ConnectPacer(Generic[K, W]):
     def _lane(self, key: K) -> _Lane[W]:
         lane = self._lanes.get(key)
         if lane is None:
-            lane = self._lanes[key] = _Lane(float(self.settings.initial), self.settings.sparse_turns,
-                                            self.settings.sparse_window_s)
+            lane = self._lanes[key] = _Lane(float(self.settings.initial), self.settings.sparse_turns)
         return lane
 
     def limit(self, key: K) -> int:
@@ -253,21 +221,19 @@ class ConnectPacer(Generic[K, W]):
             return 0 if lane is None else lane.waiting + lane.in_flight + lane.reserved
         return sorted(keys, key=load)
 
-    def admit(self, key: K, waiter: W, source: Hashable = None, now: float = 0.0) -> Admission:
+    def admit(self, key: K, waiter: W, source: Hashable = None) -> Admission:
         """TURN or RESERVE: ``waiter`` has a turn now (counted in flight, or out of the
         reserve). QUEUED: it is in ``source``'s line (the client's address), and comes out of
-        :meth:`release` when its turn comes. A sparse source (at most ``sparse_turns`` asks in
-        its window, this one included) with nothing in line goes ahead on one of
-        ``sparse_reserve`` reserve turns if one is free. ``now``: the clock of the windows."""
+        :meth:`release` when its turn comes. A source with nothing in line goes ahead on one
+        of ``sparse_reserve`` reserve turns if one is free."""
         lane = self._lane(key)
-        asks = lane.asked(source, now)
         if lane.failing or (not lane.waiting and lane.in_flight < int(lane.limit)):
             lane.in_flight += 1
             return Admission.TURN
-        if source not in lane.lines and lane.reserved < self.settings.sparse_reserve and lane.sparse(asks):
+        if source not in lane.lines and lane.reserved < self.settings.sparse_reserve:
             lane.reserved += 1
             return Admission.RESERVE
-        lane.queue(source, waiter, asks)
+        lane.queue(source, waiter)
         return Admission.QUEUED
 
     def withdraw(self, key: K, waiter: W, source: Hashable = None) -> None:
@@ -402,7 +368,7 @@ class ConnectTurns:
         """A turn to connect to ``key`` for a client at ``source`` (its address), once one is free."""
         asked = self.clock()
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        admission = self.pacer.admit(key, fut, source, asked)
+        admission = self.pacer.admit(key, fut, source)
         if admission is Admission.QUEUED:
             self.on_wait()
             try:

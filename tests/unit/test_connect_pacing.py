@@ -74,8 +74,7 @@ def test_a_host_with_few_connects_waiting_goes_before_the_busy_hosts_round() -> 
     for i in range(1, 6):
         p.admit(A, f"busy-{i}", "h1")
     p.admit(A, "other-0", "h2")
-    # h2 asked once, h0 twice: h2 first; h1 asked past its two: in the round
-    assert [w for w in p.release(A) + p.release(A)] == ["other-0", "few-1"]
+    assert [w for w in p.release(A) + p.release(A)] == ["few-1", "other-0"]  # h1 never was sparse
     p.admit(A, "app-0", "h3"), p.admit(A, "app-1", "h3")
     started = [w for _ in range(4) for w in p.release(A)]
     # h3's two sparse turns, then the round: h1 only
@@ -99,58 +98,6 @@ def test_a_storms_hosts_whose_lines_outgrow_their_sparse_turns_go_behind_an_appl
     assert p.release(A) == ["storm-0-0"] and p.release(A) == ["storm-1-0"]  # then the round
 
 
-def test_a_storm_host_whose_line_empties_and_fills_again_is_sparse_for_its_first_asks_in_the_window_only() -> None:
-    """Each client of a storm reconnects on its own: a storm host's line is empty again and
-    again. Its asks are counted over the window, so an application host that asks while the
-    storm host's line is short still goes first; once the window ended, the storm host is
-    sparse again."""
-    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(
-        _limit_only(initial=1, floor=1, sparse_turns=2, sparse_window_s=2.0))
-    assert p.admit(A, "held", "h0", now=0.0)  # the one turn, passed from waiter to waiter below
-    for i in range(2):  # the storm host's line: one waiter, served, empty again
-        assert p.admit(A, f"storm-{i}", "storm", now=0.1 * i) is Admission.QUEUED
-        assert p.release(A) == [f"storm-{i}"]
-    p.admit(A, "storm-2", "storm", now=0.5)  # its third ask in the window: it joins the round
-    p.admit(A, "other-0", "other", now=0.5)  # its first: ahead of the round
-    p.admit(A, "app-0", "app", now=0.6)
-    assert [w for _ in range(3) for w in p.release(A)] == ["other-0", "app-0", "storm-2"]
-    p.admit(A, "app-1", "app", now=1.0)
-    p.admit(A, "storm-3", "storm", now=1.0)
-    assert p.release(A) == ["app-1"]  # app's second ask, storm's fourth
-    assert p.release(A) == ["storm-3"]
-    p.admit(A, "storm-4", "storm", now=2.2)  # its window (from 0.0) ended: sparse again
-    p.admit(A, "app-2", "app", now=2.2)  # app's window (from 0.6) goes on: its third ask, the round
-    assert p.release(A) == ["storm-4"]
-
-
-def test_the_sparse_source_that_asked_fewest_goes_first_and_one_past_its_asks_gets_no_reserve() -> None:
-    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(
-        PacingSettings(initial=1, floor=1, sparse_turns=3, sparse_reserve=1, sparse_window_s=2.0))
-    assert p.admit(A, "h1-0", "h1", now=0.0) is Admission.TURN
-    assert p.admit(A, "h1-1", "h1", now=0.0) is Admission.RESERVE
-    assert p.release(A, reserved=True) == []
-    assert p.admit(A, "h1-2", "h1", now=0.1) is Admission.RESERVE  # the third of its three
-    assert p.release(A, reserved=True) == []
-    assert p.admit(A, "h1-3", "h1", now=0.2) is Admission.QUEUED  # its fourth ask: no reserve, in the round
-    assert p.admit(A, "h2-0", "h2", now=0.2) is Admission.RESERVE
-    p.admit(A, "h2-1", "h2", now=0.2), p.admit(A, "h3-0", "h3", now=0.3)
-    assert p.release(A) == ["h3-0"]  # h3's line began at its first ask, h2's at its second
-    assert p.release(A) == ["h2-1"] and p.release(A) == ["h1-3"]
-    assert p.release(A, reserved=True) == []  # h2-0's reserve turn back
-    assert p.admit(A, "h1-4", "h1", now=2.5) is Admission.RESERVE  # a new window
-
-
-def test_the_asks_of_ended_windows_are_dropped_and_those_in_their_window_kept() -> None:
-    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=2, sparse_turns=2, sparse_window_s=1.0))
-    for i in range(200):  # one turn each, a hundred hosts at 0 s and a hundred at 5 s
-        now = 0.0 if i < 100 else 5.0
-        assert p.admit(A, f"w{i}", f"10.0.{i // 100}.{i % 100}", now=now) is Admission.TURN
-        assert p.release(A) == []
-    lane = p._lanes[A]
-    assert len(lane.asks) < 200  # the first hundred's windows had ended when the table grew
-    assert all(lane.asks[f"10.0.1.{i}"] == [1, 5.0] for i in range(100))
-
-
 def test_a_source_with_nothing_in_line_goes_ahead_on_a_reserve_turn_beside_the_limit() -> None:
     p: ConnectPacer[tuple[str, int], str] = ConnectPacer(PacingSettings(initial=1, floor=1, sparse_reserve=1))
     assert p.admit(A, "busy-0", "h1") is Admission.TURN
@@ -163,8 +110,7 @@ def test_a_source_with_nothing_in_line_goes_ahead_on_a_reserve_turn_beside_the_l
     assert (p.in_flight(A), p.reserved(A), p.waiting(A)) == (1, 1, 3)
     p.observe(A, 0.0, 2.0)  # a cut (the floor here) does not take the reserve away
     assert p.release(A, reserved=True) == [] and p.admit(A, "app-2", "h3") is Admission.RESERVE
-    # h2's line began at its second ask, h1's at its third: the fewest asks go first
-    assert p.release(A) == ["app-1"] and p.release(A) == ["busy-2"]
+    assert p.release(A) == ["busy-2"]
 
 
 def test_a_withdrawn_waiter_leaves_its_sources_line_and_the_round() -> None:
@@ -247,9 +193,9 @@ def test_the_shell_never_has_more_than_the_limit_in_flight() -> None:
     peak = 0
     real_admit = turns.pacer.admit
 
-    def admit(key: object, waiter: asyncio.Future[None], source: object = None, now: float = 0.0) -> bool:
+    def admit(key: object, waiter: asyncio.Future[None], source: object = None) -> bool:
         nonlocal peak
-        started = real_admit(key, waiter, source, now)
+        started = real_admit(key, waiter, source)
         peak = max(peak, turns.pacer.in_flight(key))
         return started
 
@@ -415,16 +361,3 @@ def test_a_bootstrap_connection_goes_to_the_broker_with_the_fewest_connects_wait
     assert p.least_loaded_first(["b2", "b3"]) == ["b3", "b2"]
     p.release("b2"), p.release("b2")
     assert p.least_loaded_first(["b2", "b3"]) == ["b2", "b3"]
-
-
-def test_a_storm_host_asking_slowly_at_first_goes_behind_an_application_host_that_asked_less() -> None:
-    """A storm host's clients come one after the other: its line is short while its asks grow.
-    It goes behind a host that asked fewer times, whenever that one asked."""
-    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(_limit_only(initial=1, floor=1, sparse_turns=8))
-    assert p.admit(A, "held", "h0", now=0.0)
-    for i in range(5):
-        p.admit(A, f"storm-{i}", "storm", now=0.01 * i)  # five asks, one line
-    for i in range(3):
-        p.admit(A, f"app-{i}", "app", now=0.1)
-    assert [w for _ in range(8) for w in p.release(A)] == [
-        "app-0", "app-1", "app-2", "storm-0", "storm-1", "storm-2", "storm-3", "storm-4"]

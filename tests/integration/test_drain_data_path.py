@@ -27,6 +27,7 @@ from proxy import registry as proxy_registry
 from proxy.config import parse, proxy_node
 from proxy.datapath import DataPath
 from proxy.drain import DrainState, RedirectBudget
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -81,17 +82,17 @@ def _node_config_and_leader(kafka_cluster, topic_name: str):  # type: ignore[no-
     from confluent_kafka.admin import AdminClient
 
     admin = AdminClient({"bootstrap.servers": kafka_cluster.bootstrap_servers})
-    deadline = time.monotonic() + 15
-    while True:  # create_topic saw it on one broker; the broker this client asks may learn of it a moment later
-        partitions = admin.list_topics(topic_name, timeout=10).topics[topic_name].partitions
-        if 0 in partitions and partitions[0].leader >= 0:
-            break
-        assert time.monotonic() < deadline, f"{topic_name}: no leader in this client's metadata after 15 s"
-        time.sleep(0.1)
+
+    def led_partition():  # type: ignore[no-untyped-def]
+        partition = admin.list_topics(topic_name, timeout=10).topics[topic_name].partitions.get(0)
+        return partition if partition is not None and partition.leader >= 0 else None
+
+    # create_topic saw it on one broker; the broker this client asks may learn of it a moment later
+    partition = wait_for(led_partition, f"a leader of {topic_name} in this client's metadata", timeout=15, interval=0.1)
     config = parse({"upstream": {"bootstrap": kafka_cluster.bootstrap}, "ports": {"base": 9100},
                     "nodes": [{"id": "p1", "host": HOST, "bootstrap_port": 9092}],
                     "logging": {"level": "WARNING"}})
-    return config, partitions[0].leader
+    return config, partition.leader
 
 
 def test_drain_closes_each_connection_at_its_first_idle_moment(kafka_cluster, topic_name):

@@ -5,22 +5,29 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import signal
 import socket
+import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 
 import pytest
 import uvloop
 
 from proxy.sockets import (
+    HIGH_DESCRIPTORS,
     IP_BIND_ADDRESS_NO_PORT,
     MAX_SYN_RESENDS,
     bound_socket,
     connect_resending,
     create_connection_from,
     first_connection,
+    high_descriptor_floor,
+    listening_socket,
     open_connection_from,
 )
+from tests.integration.test_raft import free_port
 
 pytestmark = [pytest.mark.unit]
 LINUX = sys.platform.startswith("linux")
@@ -305,8 +312,6 @@ def test_connect_resending_gives_up_resending_after_max_and_waits_on_the_last() 
 
 # ------------------------------------------------ listening sockets: a killed process stops accepting first
 def test_a_listening_socket_takes_a_descriptor_above_the_connections_and_names_a_failed_bind() -> None:
-    from proxy.sockets import HIGH_DESCRIPTORS, high_descriptor_floor, listening_socket
-
     assert high_descriptor_floor(20_000) == 20_000 - HIGH_DESCRIPTORS
     assert high_descriptor_floor(1 << 20) == (1 << 16) - HIGH_DESCRIPTORS  # the table stays small
     assert high_descriptor_floor(1500) is None  # no room above the connections: left where it is
@@ -351,12 +356,6 @@ time.sleep(60)
 def _accepted_while_dying(host: str, moved: bool, pairs: int) -> int:
     """A process listening on ``host`` and holding ``pairs`` connections is SIGKILLed; how many
     connects its listener completed before the first one was refused (at most 10 s, 20,000 connects)."""
-    import signal
-    import subprocess
-    import time
-
-    from tests.integration.test_raft import free_port
-
     port = free_port(host)
     proc = subprocess.Popen([sys.executable, "-c", _HOLDER, host, str(port), "moved" if moved else "plain",
                              str(pairs)], stdout=subprocess.PIPE, text=True)

@@ -40,6 +40,7 @@ test keeps it complete)::
     max_connections = 50000              # client connections per node; more are refused
     accepts_per_source_per_s = 1000      # new connections per second per source address; 0: no limit
     drain_timeout_s = 5.0                # SIGTERM: longest wait for clients to leave before exiting
+    bootstrap_pool = 8                   # idle broker connections kept per broker for bootstrap clients; 0: none
 
     [logging]
     level = "INFO"
@@ -164,6 +165,9 @@ DEFAULT_ACCEPTS_PER_SOURCE_PER_S = 1000
 # SIGTERM drains a node (DESIGN §4): the fleet moves its identities, its clients are closed once
 # their in-flight responses are out; the node exits after this long even if some are left.
 DEFAULT_DRAIN_TIMEOUT_S = 5.0
+# A bootstrap client that leaves at a request boundary leaves its broker connection to the next
+# one (proxy.upstream_pool): this many kept per broker address, in each worker.
+DEFAULT_BOOTSTRAP_POOL = 8
 
 
 @attrs.frozen
@@ -177,6 +181,7 @@ class Limits:
     max_connections: int = DEFAULT_MAX_CONNECTIONS
     accepts_per_source_per_s: float = DEFAULT_ACCEPTS_PER_SOURCE_PER_S
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
+    bootstrap_pool: int = DEFAULT_BOOTSTRAP_POOL
 
 
 @attrs.frozen
@@ -441,6 +446,7 @@ def _parse_limits(limits_raw: Mapping[str, Any]) -> Limits:
         accepts_per_source_per_s=_get(limits_raw, "accepts_per_source_per_s", "limits.accepts_per_source_per_s",
                                       float, float(DEFAULT_ACCEPTS_PER_SOURCE_PER_S)),
         drain_timeout_s=_get(limits_raw, "drain_timeout_s", "limits.drain_timeout_s", float, DEFAULT_DRAIN_TIMEOUT_S),
+        bootstrap_pool=_get(limits_raw, "bootstrap_pool", "limits.bootstrap_pool", int, DEFAULT_BOOTSTRAP_POOL),
     )
     if limits.splice_min_bytes != 0 and not 4096 <= limits.splice_min_bytes <= 1 << 30:
         raise ConfigError("limits.splice_min_bytes", "must be 0 (never splice) or between 4 KiB and 1 GiB")
@@ -458,6 +464,8 @@ def _parse_limits(limits_raw: Mapping[str, Any]) -> Limits:
         raise ConfigError("limits.max_connections", "must be between 1 and 10000000")
     if not 0 <= limits.accepts_per_source_per_s <= 1e6:
         raise ConfigError("limits.accepts_per_source_per_s", "must be 0 (no limit) or a rate up to 1000000")
+    if not 0 <= limits.bootstrap_pool <= 1024:
+        raise ConfigError("limits.bootstrap_pool", "must be between 0 (keep none) and 1024")
     return limits
 
 

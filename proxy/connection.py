@@ -37,6 +37,7 @@ from proxy.errors import ProtocolError, RewriteError
 from proxy.splice import AVAILABLE as SPLICE_AVAILABLE
 from proxy.splice import Splice
 from proxy.tls import TLS_ESTABLISHED, TlsEndpoint, describe, start_server_tls
+from proxy.upstream_pool import CONNECTION_BOUND_API_KEYS
 
 if TYPE_CHECKING:
     from proxy.connect_pacing import Turn
@@ -72,7 +73,7 @@ class Pair:
     checks read a plain attribute); ``drain`` exists once a drain started."""
 
     __slots__ = ("registry", "listener", "client", "upstream", "codec", "closed", "draining", "peer", "upstream_addr",
-                 "_pending", "tap", "splice", "group", "drain", "tls", "turn", "elsewhere")
+                 "_pending", "tap", "splice", "group", "drain", "tls", "turn", "elsewhere", "reusable")
     _ids = itertools.count()
 
     def __init__(self, registry: ConnectionRegistry, listener: int) -> None:
@@ -96,10 +97,15 @@ class Pair:
         self.tls = False  # either side is TLS: its bytes are encrypted in user space, never spliced
         # The upstream connect's turn (proxy.connect_pacing), given back at the broker's first answer.
         self.turn: Turn | None = None
+        # Its broker connection may go to the next client when its client leaves at a request
+        # boundary (proxy.upstream_pool): a bootstrap connection that carried no SASL exchange.
+        self.reusable = registry.keeps_upstream(listener)
         if registry.tap_dir:
             self.tap = Tap(f"{registry.tap_dir}/{registry.node_id}-{os.getpid()}-{next(self._ids)}.bin")
 
-    def close(self, reason: str, *, level: int = logging.DEBUG) -> None:
+    def close(self, reason: str, *, level: int = logging.DEBUG, client_left: bool = False) -> None:
+        """``client_left``: the client closed its side; a reusable pair at a request boundary
+        leaves its broker connection to the registry's pool instead of closing it."""
         if self.closed:
             return
         self.closed = True
@@ -107,6 +113,9 @@ class Pair:
             self.turn.abandon()
             self.turn = None
         log.log(level, "closing connection", extra={"peer": self.peer, "listener": self.listener, "reason": reason})
+        if (client_left and self.reusable and self.upstream is not None and self.splice is None
+                and self.codec.idle and self.codec.responses.stalled is None and self.registry.keep_upstream(self)):
+            self.upstream = None  # the pool's now
         if self.splice is not None:  # before the transports: it holds dup'ed fds of both sockets
             self.splice.cancel()
             self.splice = None
@@ -246,6 +255,8 @@ class ClientSide(asyncio.BufferedProtocol):
         metrics = self.registry.metrics
         if headers:
             metrics.count_requests(headers)
+            if pair.reusable and any(h.api_key in CONNECTION_BOUND_API_KEYS for h in headers):
+                pair.reusable = False  # the broker authenticates this client on this connection
             if not pair.group:
                 pair.group = any(h.api_key in GROUP_API_KEYS for h in headers)
                 if pair.group:
@@ -287,7 +298,7 @@ class ClientSide(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.pair is not None:  # None: refused
-            self.pair.close("client gone")
+            self.pair.close("client gone", client_left=True)
 
     def pause_writing(self) -> None:
         if self.pair.upstream is not None:

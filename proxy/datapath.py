@@ -441,7 +441,6 @@ class DataPath:
 
     # -------------------------------------------------------- upstream
     async def _connect_upstream(self, pair: Pair) -> None:
-        loop = asyncio.get_running_loop()
         errors = []
         tls = self.upstream_security.tls
         if tls is not None:
@@ -485,6 +484,17 @@ class DataPath:
             candidates = self.discovery.upstream_for(pair.listener)
             if len(candidates) > 1:  # a bootstrap connection: to the broker it waits least for
                 candidates = self.connect_turns.pacer.least_loaded_first(candidates)
+            # A bootstrap connection takes a broker connection another client left, if one is kept
+            # (even one that will not give it back: a SASL exchange may be read already).
+            if self.registry.keeps_upstream(pair.listener) and not pair.closed:
+                kept = self.registry.pool.take(candidates)
+                if kept is not None:
+                    transport, address = kept
+                    side = UpstreamSide(pair)
+                    transport.set_protocol(side)
+                    side.connection_made(transport)
+                    self._attach(pair, transport, address)
+                    return
             reached = await first_connection(connect, candidates,
                                              timeout_s=self.config.limits.connect_timeout_s,
                                              timeout_retries=UPSTREAM_TIMEOUT_RETRIES, stop=lambda: pair.closed,
@@ -508,6 +518,11 @@ class DataPath:
             transport.close()
             return
         pair.turn = turn
+        self._attach(pair, transport, address)
+
+    def _attach(self, pair: Pair, transport: asyncio.Transport, address: HostPort) -> None:
+        """``pair``'s broker connection is ``transport``: forward what the client sent, read on."""
+        loop = asyncio.get_running_loop()
         pair.upstream = transport
         pair.upstream_addr = address
         if pair._pending:

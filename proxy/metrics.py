@@ -49,6 +49,10 @@ class ProxyMetrics:
             "kproxy_upstream_connect_waits",
             "Upstream connects that waited for a turn (proxy.connect_pacing: a bounded number in flight per broker)",
             labels, registry=self.registry).labels(node_id)
+        self.upstream_reused = Counter(
+            "kproxy_upstream_reused",
+            "Bootstrap client connections given a kept idle broker connection instead of a new one "
+            "(proxy.upstream_pool)", labels, registry=self.registry).labels(node_id)
         self.drained = Counter("kproxy_connections_drained", "Client connections closed to move them", labels,
                                registry=self.registry)
         self.drain_deferred = Counter("kproxy_drain_close_deferred",

@@ -39,6 +39,7 @@ from proxy.drain import (
 from proxy.errors import UnknownBroker
 from proxy.metrics import ProxyMetrics
 from proxy.rewrite import ResponseRewriter
+from proxy.upstream_pool import UpstreamPool
 
 log = logging.getLogger("kproxy.proxy")
 
@@ -98,6 +99,8 @@ class ConnectionRegistry:
         # Client connections in their TLS handshake (no pair yet): raw transports (proxy.connection).
         self.handshaking: set[asyncio.BaseTransport] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        # Broker connections that bootstrap clients left at a request boundary, for the next ones.
+        self.pool = UpstreamPool(limits.bootstrap_pool, on_reuse=metrics.upstream_reused.inc)
         self.connect: Callable[[Pair], Awaitable[None]] | None = None
         self.unstall: Callable[[Pair, UnknownBroker], Awaitable[None]] | None = None
         self.owned_here: Callable[[int], bool] = lambda listener: True
@@ -128,6 +131,16 @@ class ConnectionRegistry:
                 "source": source, "limit_name": f"limits.{refusal.reason.value}", "limit": limit,
                 "refused": refusal.refused_since_log, "connections": len(self.pairs)})
         return False
+
+    def keeps_upstream(self, listener: int) -> bool:
+        """May a connection on ``listener`` leave its broker connection to the next client
+        (proxy.upstream_pool)? Bootstrap connections only."""
+        return listener == BOOTSTRAP and self.pool.per_address > 0
+
+    def keep_upstream(self, pair: Pair) -> bool:
+        """``pair``'s client left at a request boundary: keep its broker connection (True), or not."""
+        assert pair.upstream is not None and pair.upstream_addr is not None
+        return self.pool.put(pair.upstream_addr, pair.upstream)
 
     def redirect_allowed(self, pair: Pair) -> bool:
         """May ``pair``'s client be sent to look its coordinator up (proxy.connection)? Not once
@@ -181,6 +194,7 @@ class ConnectionRegistry:
             log.error("background task failed", exc_info=task.exception())
 
     async def stop(self) -> None:
+        self.pool.close_all()
         for pair in list(self.pairs):
             pair.close("node stopping")
         for task in list(self._tasks):

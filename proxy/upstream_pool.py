@@ -1,0 +1,140 @@
+"""Idle upstream connections kept for the next bootstrap connection.
+
+A client's bootstrap connection asks one or two things (ApiVersions, Metadata)
+and closes, and each one cost a broker connection: its accept, its place on one
+of the broker's network threads, its close. In a failover every recovering
+client bootstraps again, so thousands of broker connections come in the same
+second, into the accept queues of the brokers the real clients are
+reconnecting to at that moment (Kafka's ``socket.listen.backlog.size``: 50).
+
+When a bootstrap client leaves at a request boundary, its upstream connection
+holds nothing of that client: the broker keeps no per-connection state for
+ApiVersions, Metadata, FindCoordinator and the like (quotas and ACLs go by the
+connection's principal, which is the node's). It is kept here, at most
+``limits.bootstrap_pool`` per broker address in each worker, for ``IDLE_S``,
+and the next bootstrap connection to that broker takes it instead of
+connecting. Never kept (:meth:`proxy.connection.Pair.close`): a connection that
+carried a SASL exchange (the broker authenticated that client on it), one with
+a request unanswered or a frame half sent or half received, a response being
+spliced or waiting for an unknown broker, and the connection of any pair the
+proxy closed itself (drain, error, fence, stop). A kept connection that the
+broker closes (``connections.max.idle.ms``, a restart) or that receives a byte
+unasked leaves the pool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Sequence
+from typing import TypeVar
+
+log = logging.getLogger("kproxy.proxy")
+
+IDLE_S = 30.0  # a kept connection unused this long is closed (Kafka's own idle close is 10 min)
+# Requests that bind the connection to one client: the broker authenticates the client on it.
+CONNECTION_BOUND_API_KEYS = frozenset({17, 36})  # SaslHandshake, SaslAuthenticate
+
+Address = TypeVar("Address")
+
+
+class _Kept(asyncio.Protocol):
+    """The protocol of a kept connection: nothing is asked, so anything heard ends it."""
+
+    __slots__ = ("pool", "address", "transport", "since")
+
+    def __init__(self, pool: UpstreamPool, address: object, transport: asyncio.Transport, since: float) -> None:
+        self.pool = pool
+        self.address = address
+        self.transport = transport
+        self.since = since
+
+    def data_received(self, data: bytes) -> None:
+        log.info("a kept broker connection received bytes unasked: closing it", extra={"broker": f"{self.address}"})
+        self.pool.forget(self)
+        self.transport.abort()
+
+    def eof_received(self) -> bool | None:
+        return False  # close
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.pool.forget(self)
+
+
+class UpstreamPool:
+    """Idle broker connections by address, at most ``per_address`` each (0: none kept).
+
+    ``put`` keeps one (or says no), ``take`` gives back the most recently kept
+    one of the first address in ``candidates`` that has one. ``on_reuse`` is
+    called at each take (a metric)."""
+
+    def __init__(self, per_address: int, *, idle_s: float = IDLE_S,
+                 on_reuse: Callable[[], None] | None = None) -> None:
+        self.per_address = per_address
+        self.idle_s = idle_s
+        self.on_reuse = on_reuse
+        self._kept: dict[object, list[_Kept]] = {}
+        self._sweep: asyncio.TimerHandle | None = None
+
+    def __len__(self) -> int:
+        return sum(len(kept) for kept in self._kept.values())
+
+    def put(self, address: object, transport: asyncio.Transport) -> bool:
+        """Keep ``transport`` (its pair let it go at a request boundary); False: not kept, the
+        caller closes it."""
+        if self.per_address <= 0 or transport.is_closing():
+            return False
+        kept = self._kept.setdefault(address, [])
+        if len(kept) >= self.per_address:
+            return False
+        loop = asyncio.get_running_loop()
+        entry = _Kept(self, address, transport, loop.time())
+        transport.set_protocol(entry)
+        if not transport.is_reading():  # paused by its last client's backpressure: a close must be heard
+            transport.resume_reading()
+        kept.append(entry)
+        log.debug("broker connection kept", extra={"broker": f"{address}", "kept": len(kept)})
+        if self._sweep is None:
+            self._sweep = loop.call_later(self.idle_s, self._expire)
+        return True
+
+    def take(self, candidates: Sequence[Address]) -> tuple[asyncio.Transport, Address] | None:
+        """A kept connection to one of ``candidates`` (in their order), now the caller's; None: none."""
+        for address in candidates:
+            kept = self._kept.get(address)
+            while kept:
+                entry = kept.pop()
+                if not entry.transport.is_closing():
+                    log.debug("kept broker connection taken", extra={"broker": f"{address}", "kept": len(kept)})
+                    if self.on_reuse is not None:
+                        self.on_reuse()
+                    return entry.transport, address
+        return None
+
+    def forget(self, entry: _Kept) -> None:
+        kept = self._kept.get(entry.address)
+        if kept is not None and entry in kept:
+            kept.remove(entry)
+
+    def close_all(self) -> None:
+        for kept in self._kept.values():
+            for entry in kept:
+                entry.transport.close()
+        self._kept.clear()
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
+
+    def _expire(self) -> None:
+        self._sweep = None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() - self.idle_s
+        oldest = None
+        for kept in self._kept.values():
+            for entry in [e for e in kept if e.since <= deadline]:
+                kept.remove(entry)
+                entry.transport.close()
+            for entry in kept:
+                oldest = entry.since if oldest is None else min(oldest, entry.since)
+        if oldest is not None:
+            self._sweep = loop.call_at(oldest + self.idle_s, self._expire)

@@ -1,0 +1,120 @@
+"""proxy.upstream_pool: idle broker connections kept for the next bootstrap client, over real
+loopback TCP connections (the peer is a plain listener here: the pool never reads or writes)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import uvloop
+
+from proxy.upstream_pool import UpstreamPool
+
+pytestmark = [pytest.mark.unit]
+
+
+class _Peer:
+    """A loopback listener standing for a broker: it holds what it accepted, to close or write."""
+
+    def __init__(self) -> None:
+        self.accepted: list[asyncio.StreamWriter] = []
+        self.server: asyncio.Server | None = None
+        self.port = 0
+
+    async def start(self) -> _Peer:
+        async def held(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            self.accepted.append(writer)
+
+        self.server = await asyncio.start_server(held, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+        return self
+
+    async def connect(self) -> asyncio.Transport:
+        transport, _ = await asyncio.get_running_loop().create_connection(asyncio.Protocol, "127.0.0.1", self.port)
+        return transport
+
+    def close(self) -> None:
+        for writer in self.accepted:
+            writer.close()
+        assert self.server is not None
+        self.server.close()
+
+
+async def _until(condition, what: str, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.01)
+
+
+def test_kept_per_address_up_to_the_cap_and_taken_newest_first_in_candidate_order() -> None:
+    async def scenario() -> None:
+        a, b = await _Peer().start(), await _Peer().start()
+        reused = []
+        pool = UpstreamPool(2, on_reuse=lambda: reused.append(1))
+        ta = [await a.connect() for _ in range(3)]
+        tb = await b.connect()
+        assert [pool.put("a", t) for t in ta] == [True, True, False]  # the third is the caller's to close
+        assert pool.put("b", tb) and len(pool) == 3
+        assert pool.take(["c"]) is None  # none kept for that broker
+        assert pool.take(["b", "a"]) == (tb, "b")  # the first candidate that has one
+        assert pool.take(["b", "a"]) == (ta[1], "a")  # newest first
+        assert pool.take(["a"]) == (ta[0], "a")
+        assert pool.take(["a", "b"]) is None and len(pool) == 0 and len(reused) == 3
+        for t in [*ta, tb]:
+            t.close()
+        a.close()
+        b.close()
+
+    uvloop.run(scenario())
+
+
+def test_none_is_kept_with_a_pool_of_zero_nor_a_closing_connection() -> None:
+    async def scenario() -> None:
+        peer = await _Peer().start()
+        t = await peer.connect()
+        assert not UpstreamPool(0).put("a", t)
+        pool = UpstreamPool(4)
+        t.close()
+        assert not pool.put("a", t) and len(pool) == 0
+        peer.close()
+
+    uvloop.run(scenario())
+
+
+def test_a_kept_connection_the_broker_closes_or_speaks_on_leaves_the_pool() -> None:
+    async def scenario() -> None:
+        peer = await _Peer().start()
+        pool = UpstreamPool(4)
+        closed_by_broker, spoken_to = await peer.connect(), await peer.connect()
+        assert pool.put("a", closed_by_broker) and pool.put("a", spoken_to)
+        await _until(lambda: len(peer.accepted) == 2, "both accepted")
+        first, second = peer.accepted
+        first.close()  # accepted in connect order: the broker closes the first
+        await _until(lambda: len(pool) == 1, "the closed one forgotten")
+        second.write(b"\x00\x00\x00\x01x")  # a broker never speaks unasked: whatever this is, drop it
+        await _until(lambda: len(pool) == 0 and spoken_to.is_closing(), "the spoken-to one closed")
+        assert pool.take(["a"]) is None
+        peer.close()
+
+    uvloop.run(scenario())
+
+
+def test_kept_connections_close_once_idle_for_idle_s_and_at_close_all() -> None:
+    async def scenario() -> None:
+        peer = await _Peer().start()
+        pool = UpstreamPool(4, idle_s=0.5)
+        old = await peer.connect()
+        assert pool.put("a", old)
+        await asyncio.sleep(0.3)  # the second is kept later: it outlives the first by 0.3 s
+        young = await peer.connect()
+        assert pool.put("b", young)
+        await _until(lambda: old.is_closing(), "the older one closed after 0.5 s idle")
+        assert len(pool) == 1 and pool.take(["a"]) is None
+        assert pool.put("b", await peer.connect()) and len(pool) == 2
+        pool.close_all()
+        assert len(pool) == 0 and young.is_closing()
+        peer.close()
+
+    uvloop.run(scenario())

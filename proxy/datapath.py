@@ -467,7 +467,10 @@ class DataPath:
 
         async def wait_turn(address: HostPort) -> None:
             nonlocal turn
-            turn = await self.connect_turns.wait(address, source)
+            if bootstrap:
+                turn = await self._turn_or_kept(address, source, candidates)
+            else:
+                turn = await self.connect_turns.wait(address, source)
 
         def failed(address: HostPort, exc: BaseException) -> None:
             nonlocal turn
@@ -480,25 +483,31 @@ class DataPath:
                     "broker": f"{address}", "reason": reason, "error": describe(exc)})
             errors.append(f"{address}: {describe_error(exc)}")
 
+        candidates = self.discovery.upstream_for(pair.listener)
+        if len(candidates) > 1:  # a bootstrap connection: to the broker it waits least for
+            candidates = self.connect_turns.pacer.least_loaded_first(candidates)
+        # A bootstrap connection takes a broker connection another client left, if one is kept,
+        # or is let go while it waits for a turn (even one that will not give it back: a SASL
+        # exchange may be read already).
+        bootstrap = self.registry.keeps_upstream(pair.listener)
         try:
-            candidates = self.discovery.upstream_for(pair.listener)
-            if len(candidates) > 1:  # a bootstrap connection: to the broker it waits least for
-                candidates = self.connect_turns.pacer.least_loaded_first(candidates)
-            # A bootstrap connection takes a broker connection another client left, if one is kept
-            # (even one that will not give it back: a SASL exchange may be read already).
-            if self.registry.keeps_upstream(pair.listener) and not pair.closed:
-                kept = self.registry.pool.take(candidates)
-                if kept is not None:
-                    transport, address = kept
-                    side = UpstreamSide(pair)
-                    transport.set_protocol(side)
-                    side.connection_made(transport)
-                    self._attach(pair, transport, address)
-                    return
+            kept = self.registry.pool.take(candidates) if bootstrap and not pair.closed else None
+            if kept is not None:
+                raise _TookKept(*kept)
             reached = await first_connection(connect, candidates,
                                              timeout_s=self.config.limits.connect_timeout_s,
                                              timeout_retries=UPSTREAM_TIMEOUT_RETRIES, stop=lambda: pair.closed,
                                              failed=failed, wait_turn=wait_turn)
+        except _TookKept as took:
+            if pair.closed:  # meanwhile: for the next one
+                if not self.registry.pool.put(took.address, took.transport):
+                    took.transport.close()
+                return
+            side = UpstreamSide(pair)
+            took.transport.set_protocol(side)
+            side.connection_made(took.transport)
+            self._attach(pair, took.transport, took.address)
+            return
         except BaseException:
             if turn is not None:
                 turn.abandon()
@@ -519,6 +528,32 @@ class DataPath:
             return
         pair.turn = turn
         self._attach(pair, transport, address)
+
+    async def _turn_or_kept(self, address: HostPort, source: str, candidates: list[HostPort]) -> Turn:
+        """A turn to connect to ``address``, unless a broker connection to one of ``candidates``
+        is let go first (proxy.upstream_pool): then :class:`_TookKept` carries it."""
+        turns = self.connect_turns
+        pool = self.registry.pool
+        asking = asyncio.ensure_future(turns.wait(address, source))
+        waiter = pool.wait(candidates)
+        try:
+            while True:
+                await asyncio.wait((asking, waiter.future), return_when=asyncio.FIRST_COMPLETED)
+                if not waiter.future.done():
+                    pool.stop_waiting(waiter)
+                    return asking.result()
+                transport, to = waiter.future.result()
+                if not transport.is_closing():
+                    break
+                waiter = pool.wait(candidates)  # the broker closed it meanwhile: wait on
+        except BaseException:  # the pair's task cancelled (the node stops)
+            if waiter.future.done() and not waiter.future.cancelled():
+                waiter.future.result()[0].close()
+            pool.stop_waiting(waiter)
+            _drop_turn(asking)
+            raise
+        _drop_turn(asking)  # a turn that came at the same moment goes to the next connect
+        raise _TookKept(transport, to)
 
     def _attach(self, pair: Pair, transport: asyncio.Transport, address: HostPort) -> None:
         """``pair``'s broker connection is ``transport``: forward what the client sent, read on."""
@@ -576,6 +611,23 @@ class DataPath:
                           for b in sorted(self.brokers.values())),
             floating=None if self.floating is None else self.floating.status(),
         )
+
+
+def _drop_turn(asking: asyncio.Future[Turn]) -> None:
+    """Stop asking for a turn; give it back if it came."""
+    if not asking.done():
+        asking.cancel()  # ConnectTurns.wait gives back a turn that came with the cancellation
+    elif not asking.cancelled() and asking.exception() is None:
+        asking.result().abandon()
+
+
+class _TookKept(Exception):
+    """A bootstrap connection got a broker connection another client let go (proxy.upstream_pool)."""
+
+    def __init__(self, transport: asyncio.Transport, address: HostPort) -> None:
+        super().__init__(f"{address}")
+        self.transport = transport
+        self.address = address
 
 
 def _local_host(transport: asyncio.BaseTransport) -> str:

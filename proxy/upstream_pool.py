@@ -13,7 +13,13 @@ ApiVersions, Metadata, FindCoordinator and the like (quotas and ACLs go by the
 connection's principal, which is the node's). It is kept here, at most
 ``limits.bootstrap_pool`` per broker address in each worker, for ``IDLE_S``,
 and the next bootstrap connection to that broker takes it instead of
-connecting. Never kept (:meth:`proxy.connection.Pair.close`): a connection that
+connecting. In a storm none is idle for long: a bootstrap connection that waits
+for its turn to connect (:mod:`proxy.connect_pacing`) also waits here
+(:meth:`UpstreamPool.wait`), and a connection let go goes straight to the
+longest waiting one, whichever broker it asked first; so a few connections per
+broker carry a storm's bootstrap requests one after the other, and the turns
+toward each broker are left to the connections that must be new (a broker
+identity's). Never kept (:meth:`proxy.connection.Pair.close`): a connection that
 carried a SASL exchange (the broker authenticated that client on it), one with
 a request unanswered or a frame half sent or half received, a response being
 spliced or waiting for an unknown broker, and the connection of any pair the
@@ -26,8 +32,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Collection, Sequence
+from typing import Generic, TypeVar
 
 log = logging.getLogger("kproxy.proxy")
 
@@ -61,12 +67,24 @@ class _Kept(asyncio.Protocol):
         self.pool.forget(self)
 
 
+class Waiter(Generic[Address]):
+    """A bootstrap connection waiting for a broker connection let go (:meth:`UpstreamPool.wait`):
+    ``future`` gets ``(transport, address)``."""
+
+    __slots__ = ("candidates", "future")
+
+    def __init__(self, candidates: Collection[Address], future: asyncio.Future[tuple[asyncio.Transport, Address]]) -> None:
+        self.candidates = candidates
+        self.future = future
+
+
 class UpstreamPool:
     """Idle broker connections by address, at most ``per_address`` each (0: none kept).
 
-    ``put`` keeps one (or says no), ``take`` gives back the most recently kept
-    one of the first address in ``candidates`` that has one. ``on_reuse`` is
-    called at each take (a metric)."""
+    ``put`` gives one to the longest waiting :class:`Waiter` that would take its
+    address, else keeps it (or says no); ``take`` gives back the most recently
+    kept one of the first address in ``candidates`` that has one. ``on_reuse``
+    is called at each connection reused (a metric)."""
 
     def __init__(self, per_address: int, *, idle_s: float = IDLE_S,
                  on_reuse: Callable[[], None] | None = None) -> None:
@@ -74,6 +92,7 @@ class UpstreamPool:
         self.idle_s = idle_s
         self.on_reuse = on_reuse
         self._kept: dict[object, list[_Kept]] = {}
+        self._waiters: dict[Waiter[object], None] = {}  # in arrival order
         self._sweep: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
@@ -84,6 +103,8 @@ class UpstreamPool:
         caller closes it."""
         if self.per_address <= 0 or transport.is_closing():
             return False
+        if self._hand_over(address, transport):
+            return True
         kept = self._kept.setdefault(address, [])
         if len(kept) >= self.per_address:
             return False
@@ -111,12 +132,44 @@ class UpstreamPool:
                     return entry.transport, address
         return None
 
+    def wait(self, candidates: Collection[Address]) -> Waiter[Address]:
+        """Wait for a connection to one of ``candidates`` let go from now on (first come, first
+        served); :meth:`stop_waiting` once it is not needed any more."""
+        waiter: Waiter[Address] = Waiter(candidates, asyncio.get_running_loop().create_future())
+        self._waiters[waiter] = None  # type: ignore[index]
+        return waiter
+
+    def stop_waiting(self, waiter: Waiter[Address]) -> None:
+        """``waiter`` is done waiting (its pair got a turn, or closed): cancel it if need be."""
+        self._waiters.pop(waiter, None)  # type: ignore[arg-type]
+        waiter.future.cancel()
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def _hand_over(self, address: object, transport: asyncio.Transport) -> bool:
+        for waiter in self._waiters:
+            if address in waiter.candidates:
+                del self._waiters[waiter]
+                transport.set_protocol(_Kept(self, address, transport, 0.0))  # until the waiter resumes
+                if not transport.is_reading():
+                    transport.resume_reading()
+                if self.on_reuse is not None:
+                    self.on_reuse()
+                waiter.future.set_result((transport, address))
+                return True
+        return False
+
     def forget(self, entry: _Kept) -> None:
         kept = self._kept.get(entry.address)
         if kept is not None and entry in kept:
             kept.remove(entry)
 
     def close_all(self) -> None:
+        for waiter in list(self._waiters):
+            waiter.future.cancel()
+        self._waiters.clear()
         for kept in self._kept.values():
             for entry in kept:
                 entry.transport.close()

@@ -112,3 +112,37 @@ def test_a_connection_that_carried_sasl_or_half_a_request_is_never_kept(pool_nod
     _gone(pool_node)
     _metadata_client(pool_node)
     assert _metric(pool_node, REUSED) - before == 3  # not given back
+
+
+def test_a_burst_of_bootstrap_clients_each_gets_its_own_answer(pool_node, kafka_cluster):
+    """500 at once, more than the turns toward the brokers (40 connects in flight per broker):
+    the ones waiting for a turn take the connections the first ones let go. Every client gets
+    the answer to its own request (its correlation id, the whole cluster at this address)."""
+    import asyncio
+
+    import uvloop
+
+    clients = 500
+    _gone(pool_node)
+    before = _metric(pool_node, REUSED)
+
+    async def one(k: int) -> tuple[int, list[tuple[int, str, int]]]:
+        reader, writer = await asyncio.open_connection(*BOOTSTRAP)
+        try:
+            writer.write(request_frame(make(MetadataRequest, topics=(), allow_auto_topic_creation=False), 1000 + k))
+            async with asyncio.timeout(30):
+                (size,) = _LEN.unpack(await reader.readexactly(4))
+                correlation, body = decode_response(MetadataResponse, await reader.readexactly(size), framed=False)
+        finally:
+            writer.close()
+        return correlation, sorted((int(b.node_id), b.host, int(b.port)) for b in body.brokers)
+
+    async def burst() -> list[tuple[int, list[tuple[int, str, int]]]]:
+        return await asyncio.gather(*(one(k) for k in range(clients)))
+
+    answers = uvloop.run(burst())
+    assert [c for c, _ in answers] == [1000 + k for k in range(clients)]
+    assert all(brokers == answers[0][1] for _, brokers in answers)
+    assert {host for _, host, _ in answers[0][1]} == {HOST} and len(answers[0][1]) == len(kafka_cluster.bootstrap)
+    _gone(pool_node)
+    assert _metric(pool_node, REUSED) - before >= clients // 10  # the waiting ones took connections let go

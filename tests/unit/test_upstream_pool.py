@@ -118,3 +118,38 @@ def test_kept_connections_close_once_idle_for_idle_s_and_at_close_all() -> None:
         peer.close()
 
     uvloop.run(scenario())
+
+
+def test_a_connection_let_go_goes_to_the_longest_waiting_one_that_would_take_its_broker() -> None:
+    async def scenario() -> None:
+        peer = await _Peer().start()
+        reused = []
+        pool = UpstreamPool(1, on_reuse=lambda: reused.append(1))
+        only_b = pool.wait(["b"])
+        first, second = pool.wait(["a", "b"]), pool.wait(["b", "a"])
+        given_up = pool.wait(["a"])
+        pool.stop_waiting(given_up)  # its pair got a turn: never handed one
+        assert pool.waiting == 3 and given_up.future.cancelled()
+        t1, t2, t3 = [await peer.connect() for _ in range(3)]
+        assert pool.put("a", t1) and first.future.result() == (t1, "a")  # the first that takes "a", not only_b
+        assert pool.put("a", t2) and second.future.result() == (t2, "a")
+        assert pool.waiting == 1 and not only_b.future.done()
+        assert pool.put("a", t3) and len(pool) == 1  # nobody waiting for "a": kept, up to the cap of 1
+        assert pool.put("b", await peer.connect()) and only_b.future.done()  # handed over, cap or not
+        assert pool.waiting == 0 and len(reused) == 3
+        pool.close_all()
+        for t in (t1, t2):
+            t.close()
+        peer.close()
+
+    uvloop.run(scenario())
+
+
+def test_close_all_cancels_the_waiting_ones() -> None:
+    async def scenario() -> None:
+        pool = UpstreamPool(1)
+        waiter = pool.wait(["a"])
+        pool.close_all()
+        assert waiter.future.cancelled() and pool.waiting == 0
+
+    uvloop.run(scenario())

@@ -19,6 +19,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +150,17 @@ class NodeProcess(NodeAdmin):
         log.close()
         self.pid = self._proc.pid
         return self
+
+    @contextmanager
+    def running(self, ready_timeout: float = 60.0) -> Iterator["NodeProcess"]:
+        """Start the node, wait until it is ready, stop it when the block ends (a test fixture's
+        body: ``with NodeProcess(...).running() as node: yield node``)."""
+        self.start()
+        try:
+            self.wait_ready(ready_timeout)
+            yield self
+        finally:
+            self.stop()
 
     def alive(self) -> bool:
         if self.pid is None:

@@ -17,6 +17,7 @@ from kio.schema.metadata.v12.response import MetadataResponse
 
 from chaos.bench.frames import decode_response, make, request_frame
 from proxy import sasl
+from tests.sockets import read_frame
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration]
@@ -33,32 +34,14 @@ def pool_node(kafka_cluster, tmp_path_factory):
 
     d = tmp_path_factory.mktemp("pool")
     cfg = fleet_config(d / "fleet.toml", kafka_cluster.bootstrap, 1, first_ip=81, fleet=False, workers=1)
-    node = NodeProcess(cfg, "p1", HOST, 9400, d / "p1.log").start()
-    try:
-        node.wait_ready(60)
+    with NodeProcess(cfg, "p1", HOST, 9400, d / "p1.log").running() as node:
         yield node
-    finally:
-        node.stop()
 
 
 def _metric(node, name: str) -> float:  # type: ignore[no-untyped-def]
     lines = [x for x in node.get("/metrics").text.splitlines() if x.startswith(name)]
     assert len(lines) == 1, (name, lines)
     return float(lines[0].rsplit(" ", 1)[1])
-
-
-def _read_frame(s: socket.socket) -> bytes:
-    def exactly(n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = s.recv(n - len(out))
-            if not chunk:
-                raise EOFError("the proxy closed the connection")
-            out += chunk
-        return out
-
-    head = exactly(4)
-    return head + exactly(_LEN.unpack(head)[0])
 
 
 def _gone(node) -> None:  # type: ignore[no-untyped-def]
@@ -70,10 +53,10 @@ def _metadata_client(node) -> list[tuple[int, str, int]]:  # type: ignore[no-unt
     """Connect to the bootstrap port, ask ApiVersions and Metadata, close; the brokers named."""
     with socket.create_connection(BOOTSTRAP, timeout=10) as s:
         s.sendall(request_frame(make(ApiVersionsRequest, client_software_name="t", client_software_version="1"), 1))
-        _, versions = decode_response(ApiVersionsResponse, _read_frame(s))
+        _, versions = decode_response(ApiVersionsResponse, read_frame(s))
         assert int(versions.error_code) == 0
         s.sendall(request_frame(make(MetadataRequest, topics=(), allow_auto_topic_creation=False), 2))
-        _, body = decode_response(MetadataResponse, _read_frame(s))
+        _, body = decode_response(MetadataResponse, read_frame(s))
     _gone(node)
     return sorted((int(b.node_id), b.host, int(b.port)) for b in body.brokers)
 
@@ -97,7 +80,7 @@ def test_a_connection_that_carried_sasl_or_half_a_request_is_never_kept(pool_nod
     # request that matters: on a SASL listener the broker would have authenticated this client.
     with socket.create_connection(BOOTSTRAP, timeout=10) as s:
         s.sendall(sasl.handshake_request("PLAIN", 7))
-        assert _read_frame(s)  # answered: the request went through the kept connection
+        assert read_frame(s)  # answered: the request went through the kept connection
     _gone(pool_node)
     assert _metric(pool_node, REUSED) - before == 1  # it took the kept one ...
     _metadata_client(pool_node)

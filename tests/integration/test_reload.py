@@ -21,6 +21,7 @@ import pytest
 import tomli_w
 import tomllib
 
+from tests.sockets import recv_exact
 from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.integration]
@@ -29,23 +30,13 @@ HOSTS = {1: "127.0.0.104", 2: "127.0.0.105"}  # by workers
 API_VERSIONS = 18
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            raise ConnectionError("closed by the proxy")
-        out += chunk
-    return out
-
-
 def _api_versions(sock: socket.socket, correlation_id: int) -> int:
     """One ApiVersions v0 round trip through the proxy; the correlation id answered."""
     client = b"reload-test"
     body = struct.pack(">hhih", API_VERSIONS, 0, correlation_id, len(client)) + client
     sock.sendall(struct.pack(">i", len(body)) + body)
-    (size,) = struct.unpack(">i", _recv_exact(sock, 4))
-    return struct.unpack(">i", _recv_exact(sock, size)[:4])[0]
+    (size,) = struct.unpack(">i", recv_exact(sock, 4))
+    return struct.unpack(">i", recv_exact(sock, size)[:4])[0]
 
 
 def _served(host: str) -> socket.socket:

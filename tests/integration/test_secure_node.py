@@ -16,6 +16,7 @@ import pytest
 from chaos.clients import batch as clients
 from chaos.testbed.security import issue
 from proxy import sasl
+from tests.sockets import recv_exact
 
 pytestmark = [pytest.mark.integration]
 
@@ -76,17 +77,8 @@ def _failure_lines(node) -> str:  # type: ignore[no-untyped-def]
 
 def _api_versions(tls: ssl.SSLSocket) -> bytes:
     tls.sendall(API_VERSIONS_V0)
-    size = int.from_bytes(_exactly(tls, 4), "big")
-    return _exactly(tls, size)
-
-
-def _exactly(sock: ssl.SSLSocket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        assert chunk, "connection closed"
-        out += chunk
-    return out
+    size = int.from_bytes(recv_exact(tls, 4), "big")
+    return recv_exact(tls, size)
 
 
 def test_sighup_rotates_the_certificate_and_old_connections_continue(mtls_node, secure_kafka, tmp_path):
@@ -112,6 +104,6 @@ def test_sighup_rotates_the_certificate_and_old_connections_continue(mtls_node, 
         assert new_der == ssl.PEM_cert_to_DER_cert(first_pem) != old_der
         # The connection from before goes on (its next step toward the SASL broker: the handshake).
         before.sendall(sasl.handshake_request("SCRAM-SHA-512", 8))
-        size = int.from_bytes(_exactly(before, 4), "big")
-        sasl.read_handshake_response(_exactly(before, size), "SCRAM-SHA-512")
+        size = int.from_bytes(recv_exact(before, 4), "big")
+        sasl.read_handshake_response(recv_exact(before, size), "SCRAM-SHA-512")
     assert "certificate reloaded" in mtls_node.log_path.read_text()

@@ -80,12 +80,8 @@ def limited_node(kafka_cluster, tmp_path_factory):
     cfg = fleet_config(d / "fleet.toml", kafka_cluster.bootstrap, 1, first_ip=28, fleet=False,
                        extra={"limits": {"max_connections": LIMITED_MAX_CONNECTIONS,
                                          "accepts_per_source_per_s": LIMITED_ACCEPTS_PER_SOURCE_PER_S}})
-    node = NodeProcess(cfg, "p1", LIMITED_HOST, 9400, d / "p1.log").start()
-    try:
-        node.wait_ready(60)
+    with NodeProcess(cfg, "p1", LIMITED_HOST, 9400, d / "p1.log").running() as node:
         yield node
-    finally:
-        node.stop()
 
 
 async def _connect(source: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

@@ -9,6 +9,7 @@ import pytest
 import uvloop
 
 from proxy.admission import FORGET_LOG_S, LOG_INTERVAL_S, PRUNE_INTERVAL_S, Admission, RefusalReason
+from tests.waiting import until
 
 pytestmark = [pytest.mark.unit]
 
@@ -106,14 +107,6 @@ def test_listen_backlog_is_capped_by_somaxconn_and_the_cap_logged(tmp_path, capl
     assert not caplog.records
 
 
-async def _wait_for(condition, what: str, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 async def _refused(port: int) -> bool:
     """Connect; True if the proxy closed the connection without a byte."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -151,16 +144,16 @@ def test_beyond_the_node_cap_a_connection_is_closed_at_once_and_the_others_stay(
                                                                 "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         kept = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
-        await _wait_for(lambda: len(upstream_asked) == 2, "two connections admitted")
+        await until(lambda: len(upstream_asked) == 2, "two connections admitted")
         assert [await _refused(port) for _ in range(3)] == [True] * 3
         assert len(registry.pairs) == 2 and not any(p.closed for p in registry.pairs)
         assert len(upstream_asked) == 2  # a refused connection never reaches the upstream side
         assert _refused_metric(registry.metrics, "max_connections") == 3
         assert _refused_metric(registry.metrics, "accepts_per_source_per_s") == 0
         kept[0][1].close()
-        await _wait_for(lambda: len(registry.pairs) == 1, "the closed client discarded")
+        await until(lambda: len(registry.pairs) == 1, "the closed client discarded")
         again = await asyncio.open_connection("127.0.0.1", port)  # room again
-        await _wait_for(lambda: len(upstream_asked) == 3, "the new connection admitted")
+        await until(lambda: len(upstream_asked) == 3, "the new connection admitted")
         for _, writer in (kept[1], again):
             writer.close()
         server.close()

@@ -12,19 +12,11 @@ import pytest
 
 from proxy.buffers import READ_BUFFER_BYTES
 from tests.unit.test_splice import Rig, frame, recv_exactly, run  # noqa: F401 - run is a fixture
+from tests.waiting import until
 
 pytestmark = pytest.mark.unit
 
 DEADLINE_S = 10.0
-
-
-async def _wait_for(condition, what: str) -> None:  # type: ignore[no-untyped-def]
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + DEADLINE_S
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"{what} not within {DEADLINE_S} s")
-        await asyncio.sleep(0.01)
 
 
 async def _recv_end(sock) -> bytes:  # type: ignore[no-untyped-def]
@@ -46,7 +38,7 @@ def test_a_client_that_does_not_read_pauses_the_broker_side(run):  # noqa: F811
         rig.request(2)
         loop = asyncio.get_running_loop()
         sender = loop.run_in_executor(None, rig.broker.sendall, stream)
-        await _wait_for(lambda: not rig.pair.upstream.is_reading(), "the proxy pausing the broker side")
+        await until(lambda: not rig.pair.upstream.is_reading(), "the proxy pausing the broker side", timeout=DEADLINE_S)
         high_water = rig.node.limits.high_water_bytes
         assert rig.pair.client.get_write_buffer_size() <= high_water + READ_BUFFER_BYTES
         assert not sender.done()  # the broker is held back, not buffered in the proxy
@@ -70,7 +62,7 @@ def test_the_broker_closing_between_frames_closes_the_client(run):  # noqa: F811
         assert await recv_exactly(rig.client, len(first)) == first
         rig.broker.close()
         assert await _recv_end(rig.client) == b""  # the client is not left hanging
-        await _wait_for(lambda: rig.pair.closed, "the pair closing")
+        await until(lambda: rig.pair.closed, "the pair closing", timeout=DEADLINE_S)
         assert rig.pair not in rig.node.pairs
         rig.client.close()
 

@@ -9,6 +9,7 @@ import pytest
 import uvloop
 
 from proxy.upstream_pool import UpstreamPool
+from tests.waiting import until
 
 pytestmark = [pytest.mark.unit]
 
@@ -38,14 +39,6 @@ class _Peer:
             writer.close()
         assert self.server is not None
         self.server.close()
-
-
-async def _until(condition, what: str, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
 
 
 def test_kept_per_address_up_to_the_cap_and_taken_newest_first_in_candidate_order() -> None:
@@ -89,12 +82,12 @@ def test_a_kept_connection_the_broker_closes_or_speaks_on_leaves_the_pool() -> N
         pool = UpstreamPool(4)
         closed_by_broker, spoken_to = await peer.connect(), await peer.connect()
         assert pool.put("a", closed_by_broker) and pool.put("a", spoken_to)
-        await _until(lambda: len(peer.accepted) == 2, "both accepted")
+        await until(lambda: len(peer.accepted) == 2, "both accepted")
         first, second = peer.accepted
         first.close()  # accepted in connect order: the broker closes the first
-        await _until(lambda: len(pool) == 1, "the closed one forgotten")
+        await until(lambda: len(pool) == 1, "the closed one forgotten")
         second.write(b"\x00\x00\x00\x01x")  # a broker never speaks unasked: whatever this is, drop it
-        await _until(lambda: len(pool) == 0 and spoken_to.is_closing(), "the spoken-to one closed")
+        await until(lambda: len(pool) == 0 and spoken_to.is_closing(), "the spoken-to one closed")
         assert pool.take(["a"]) is None
         peer.close()
 
@@ -110,7 +103,7 @@ def test_kept_connections_close_once_idle_for_idle_s_and_at_close_all() -> None:
         await asyncio.sleep(0.3)  # the second is kept later: it outlives the first by 0.3 s
         young = await peer.connect()
         assert pool.put("b", young)
-        await _until(lambda: old.is_closing(), "the older one closed after 0.5 s idle")
+        await until(lambda: old.is_closing(), "the older one closed after 0.5 s idle")
         assert len(pool) == 1 and pool.take(["a"]) is None
         assert pool.put("b", await peer.connect()) and len(pool) == 2
         pool.close_all()

@@ -73,7 +73,8 @@ class Waiter(Generic[Address]):
 
     __slots__ = ("candidates", "future")
 
-    def __init__(self, candidates: Collection[Address], future: asyncio.Future[tuple[asyncio.Transport, Address]]) -> None:
+    def __init__(self, candidates: Collection[Address],
+                 future: asyncio.Future[tuple[asyncio.Transport, Address]]) -> None:
         self.candidates = candidates
         self.future = future
 

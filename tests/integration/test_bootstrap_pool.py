@@ -99,15 +99,16 @@ def test_a_connection_that_carried_sasl_or_half_a_request_is_never_kept(pool_nod
 
 def test_a_burst_of_bootstrap_clients_each_gets_its_own_answer(pool_node, kafka_cluster):
     """500 at once, more than the turns toward the brokers (40 connects in flight per broker):
-    the ones waiting for a turn take the connections the first ones let go. Every client gets
-    the answer to its own request (its correlation id, the whole cluster at this address)."""
+    the ones waiting for a turn may take a connection another one let go (how many depends on
+    which comes first, a turn or a connection let go: 345 of 500 in one run alone, 1 in a full
+    suite's). Whichever connection carried it, every client gets the answer to its own request
+    (its correlation id, the whole cluster at this address)."""
     import asyncio
 
     import uvloop
 
     clients = 500
     _gone(pool_node)
-    before = _metric(pool_node, REUSED)
 
     async def one(k: int) -> tuple[int, list[tuple[int, str, int]]]:
         reader, writer = await asyncio.open_connection(*BOOTSTRAP)
@@ -127,5 +128,4 @@ def test_a_burst_of_bootstrap_clients_each_gets_its_own_answer(pool_node, kafka_
     assert [c for c, _ in answers] == [1000 + k for k in range(clients)]
     assert all(brokers == answers[0][1] for _, brokers in answers)
     assert {host for _, host, _ in answers[0][1]} == {HOST} and len(answers[0][1]) == len(kafka_cluster.bootstrap)
-    _gone(pool_node)
-    assert _metric(pool_node, REUSED) - before >= clients // 10  # the waiting ones took connections let go
+    _gone(pool_node)  # and every pair closed: none left waiting

@@ -32,8 +32,12 @@ the hosts with long lines, round robin
 busy host per connect it makes; BENCHMARKS.md, "Connect pacing back, with a line per
 client source"). And a source with nothing in line does not wait while fewer than
 ``sparse_reserve`` such turns are out: its connect goes ahead of the busy hosts' lines, on
-a few turns of their own, counted apart from ``limit`` (the lines never get them; a cut
-limit does not take them away).
+a few turns of their own, counted apart from ``limit`` (a cut limit does not take them
+away). A reserve turn given back goes to the next connect of a host still within its front
+turns (one with a few connects in line), never to the busy hosts' round: the application
+hosts' connects that found the reserve out wait for a reserve turn, not behind the limit
+that a storm's connects hold (a drill consumer's connects waited up to 1.17 s there,
+BENCHMARKS.md session 34).
 
 A broker that does not answer at all (its host cut off: every connect times out) is not
 paced: after a timed-out connect, and until a connect to it is answered again, nobody
@@ -257,9 +261,12 @@ class ConnectPacer(Generic[K, W]):
 
     def release(self, key: K, *, reserved: bool = False) -> list[W]:
         """A turn is given back (``reserved``: one of the reserve): the waiters whose turn it
-        is now (counted in flight), in order. A reserve turn frees a reserve turn only."""
+        is now, in order, on turns of the same kind (counted in flight, or out of the reserve).
+        A reserve turn goes to a source within its front turns, if one waits, or stays free."""
         lane = self._lane(key)
         if reserved:
+            if lane.sparse:
+                return [lane.next_waiter()]  # the reserve turn passes on: ``reserved`` unchanged
             lane.reserved -= 1
             return []
         lane.in_flight -= 1
@@ -359,7 +366,7 @@ class ConnectTurns:
         """``on_wait``: called for each connect that has to wait for its turn (a metric);
         ``on_given_back(turn, how)``: each turn once it is given back (a trace), ``how``
         one of "answered", "held" (``hold_s`` passed), "failed", "timed out", "abandoned"."""
-        self.pacer: ConnectPacer[Hashable, asyncio.Future[None]] = ConnectPacer(settings)
+        self.pacer: ConnectPacer[Hashable, asyncio.Future[bool]] = ConnectPacer(settings)
         self.clock = clock
         self.on_wait = on_wait
         self.on_given_back = on_given_back
@@ -367,23 +374,24 @@ class ConnectTurns:
     async def wait(self, key: Hashable, source: Hashable = None) -> Turn:
         """A turn to connect to ``key`` for a client at ``source`` (its address), once one is free."""
         asked = self.clock()
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         admission = self.pacer.admit(key, fut, source)
+        reserved = admission is Admission.RESERVE
         if admission is Admission.QUEUED:
             self.on_wait()
             try:
-                await fut
+                reserved = await fut  # True: a reserve turn passed on (ConnectPacer.release)
             except asyncio.CancelledError:
                 if fut.done() and not fut.cancelled():  # the turn came with the cancellation
-                    self.give_back(key)
+                    self.give_back(key, reserved=fut.result())
                 else:
                     self.pacer.withdraw(key, fut, source)
                 raise
-        return Turn(self, key, source, asked, self.clock(), reserved=admission is Admission.RESERVE)
+        return Turn(self, key, source, asked, self.clock(), reserved=reserved)
 
     def give_back(self, key: Hashable, *, reserved: bool = False) -> None:
         for fut in self.pacer.release(key, reserved=reserved):
             if fut.done():  # cancelled while queued and not yet withdrawn: pass the turn on
-                self.give_back(key)
+                self.give_back(key, reserved=reserved)
             else:
-                fut.set_result(None)
+                fut.set_result(reserved)

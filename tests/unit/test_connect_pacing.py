@@ -103,14 +103,29 @@ def test_a_source_with_nothing_in_line_goes_ahead_on_a_reserve_turn_beside_the_l
     assert p.admit(A, "busy-0", "h1") is Admission.TURN
     assert p.admit(A, "busy-1", "h1") is Admission.RESERVE  # h1 had nothing in line
     assert p.admit(A, "busy-2", "h1") is Admission.QUEUED  # the reserve is out: h1 is in line now
-    assert p.release(A, reserved=True) == []  # a reserve turn back frees the reserve, not the line
     assert p.admit(A, "busy-3", "h1") is Admission.QUEUED  # h1 has a line: it waits, reserve or not
-    assert p.admit(A, "app-0", "h2") is Admission.RESERVE  # h2 has nothing in line: it goes ahead
-    assert p.admit(A, "app-1", "h2") is Admission.QUEUED
-    assert (p.in_flight(A), p.reserved(A), p.waiting(A)) == (1, 1, 3)
+    assert p.release(A, reserved=True) == ["busy-2"]  # h1 is within its front turns: the reserve passes on
+    assert p.admit(A, "app-0", "h2") is Admission.QUEUED  # the reserve is out again
+    assert (p.in_flight(A), p.reserved(A), p.waiting(A)) == (1, 1, 2)
     p.observe(A, 0.0, 2.0)  # a cut (the floor here) does not take the reserve away
-    assert p.release(A, reserved=True) == [] and p.admit(A, "app-2", "h3") is Admission.RESERVE
-    assert p.release(A) == ["busy-2"]
+    assert p.release(A, reserved=True) == ["busy-3"]  # h1 still within its front turns, ahead of h2
+    assert p.release(A, reserved=True) == ["app-0"]
+    assert p.release(A, reserved=True) == [] and p.reserved(A) == 0
+    assert p.admit(A, "app-1", "h3") is Admission.RESERVE
+
+
+def test_a_reserve_turn_given_back_never_goes_to_the_busy_hosts_round() -> None:
+    p: ConnectPacer[tuple[str, int], str] = ConnectPacer(
+        PacingSettings(initial=1, floor=1, sparse_turns=2, sparse_reserve=1))
+    assert p.admit(A, "s0", "storm") is Admission.TURN
+    assert p.admit(A, "s1", "storm") is Admission.RESERVE
+    for i in range(2, 5):  # three in line, more than its two front turns: in the round
+        assert p.admit(A, f"s{i}", "storm") is Admission.QUEUED
+    assert p.release(A, reserved=True) == [] and p.reserved(A) == 0  # the round does not get it
+    assert p.admit(A, "app-0", "app") is Admission.RESERVE
+    assert p.admit(A, "app-1", "app") is Admission.QUEUED
+    assert p.release(A, reserved=True) == ["app-1"] and p.reserved(A) == 1
+    assert p.release(A) == ["s2"]  # a turn under the limit: the round's
 
 
 def test_a_withdrawn_waiter_leaves_its_sources_line_and_the_round() -> None:
@@ -221,6 +236,23 @@ def test_a_connected_turn_without_an_answer_is_given_back_after_hold_s() -> None
         return waiting, in_flight, turns.pacer.in_flight(A)
 
     assert uvloop.run(main()) == (1, 1, 0)
+
+
+def test_a_reserve_turn_passed_on_to_a_waiting_connect_is_a_reserve_turn_when_given_back() -> None:
+    async def main() -> tuple[bool, int, int, int]:
+        turns = ConnectTurns(PacingSettings(initial=1, floor=1, sparse_reserve=1))
+        regular = await turns.wait(A, "storm")
+        reserve = await turns.wait(A, "app")  # nothing in line: the reserve
+        later = asyncio.ensure_future(turns.wait(A, "app"))  # the reserve is out: in line
+        await asyncio.sleep(0)
+        reserve.answered()  # the reserve turn passes on to the app's waiting connect
+        turn = await asyncio.wait_for(later, 5.0)
+        in_flight, out_of_reserve = turns.pacer.in_flight(A), turns.pacer.reserved(A)
+        turn.answered()
+        regular.answered()
+        return turn.reserved, in_flight, out_of_reserve, turns.pacer.reserved(A) + turns.pacer.in_flight(A)
+
+    assert uvloop.run(main()) == (True, 1, 1, 0)
 
 
 def test_each_turn_given_back_is_traced_once_with_its_wait_in_line_and_how_it_ended() -> None:

@@ -86,7 +86,9 @@ class Pair:
         self.draining = False
         self.group = False  # it carried group-coordinator requests (GROUP_API_KEYS)
         # Accepted on this node's own address while the map gave its identity to another node
-        # (ConnectionRegistry.served_elsewhere; a stand-in's connections never are).
+        # (ConnectionRegistry.served_elsewhere; a stand-in's connections never are): its group
+        # requests send the client to look the coordinator up, and it is drained a while after
+        # connecting (proxy.drain: DRAIN_ELSEWHERE_S).
         self.elsewhere = False
         self.drain: ConnectionDrain | None = None
         self.peer = "?"

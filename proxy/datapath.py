@@ -565,9 +565,10 @@ class DataPath:
             pair._pending.clear()
         assert pair.client is not None
         pair.client.resume_reading()
-        for action in self.node_drain.connected(loop.time()):
+        for action in self.node_drain.connected(loop.time(), pair.elsewhere):
             assert isinstance(action, DrainAt)
-            loop.call_at(action.at, self.registry.start_drain, pair)
+            loop.call_at(action.at, self.registry.drain_if_elsewhere if action.if_elsewhere
+                         else self.registry.start_drain, pair)
 
     async def _unstall(self, pair: Pair, stalled: UnknownBroker) -> None:
         """A response named a broker we have no listener for: learn it, bind, resume."""

@@ -220,6 +220,12 @@ class ConnectionRegistry:
         loop = asyncio.get_running_loop()
         self._execute(pair, pair.drain.start(loop.time(), pair.group, observe(pair)))
 
+    def drain_if_elsewhere(self, pair: Pair) -> None:
+        """Drain ``pair`` if the map still gives its identity to another node (proxy.drain:
+        ``DRAIN_ELSEWHERE_S``)."""
+        if not pair.closed and self.served_elsewhere(pair.listener):
+            self.start_drain(pair)
+
     def drain_progress(self, pair: Pair) -> None:
         """A response boundary (or a finished splice) of a draining connection."""
         if pair.closed or pair.drain is None:

@@ -303,7 +303,8 @@ def test_group_request_for_an_identity_served_elsewhere_sends_the_client_to_look
             out["declined"] = node.metrics.coordinator_redirects_declined._value.get() - declined0
             w.close()
             node.registry.redirects = RedirectBudget()
-            # Without a group request such a connection is served on.
+            # Without a group request such a connection is served on (for DRAIN_ELSEWHERE_S: the
+            # next test).
             r, w = await asyncio.open_connection(HOST, port)
             for cid in (4, 5):
                 w.write(request_frame(make(ApiVersionsRequest), cid))
@@ -334,3 +335,49 @@ def test_group_request_for_an_identity_served_elsewhere_sends_the_client_to_look
     assert r["plain_cid_4"] == 4 and r["plain_cid_5"] == 5, r
     assert r["stand_in_cid"] == 7, r
     assert r["back_cid"] == 6, r
+
+
+def test_a_connection_made_for_an_identity_served_elsewhere_is_drained_a_while_later(kafka_cluster, topic_name,
+                                                                                       monkeypatch):
+    """A connection made to this node's own address for an identity the map gives to another
+    node (a client reconnecting to an address from an older map; aiokafka and kafka-python keep
+    such a connection whatever later Metadata says) is served, then drained DRAIN_ELSEWHERE_S
+    later, so that the client reconnects to the owner; one whose identity came back to this
+    node meanwhile stays."""
+    config, leader = _node_config_and_leader(kafka_cluster, topic_name)
+    monkeypatch.setattr(drain_core, "DRAIN_ELSEWHERE_S", 0.5)
+
+    async def scenario() -> dict[str, object]:
+        node = DataPath(config, "p1", fleet=True)
+        await node.start()
+        try:
+            port = proxy_node(config, "p1").address_for(leader)[1]
+            node.apply_map(ServingMap(epoch=1, owners={leader: "p2"}))
+            out: dict[str, object] = {}
+            drained0 = node.metrics.drained.labels("p1")._value.get()
+            r, w = await asyncio.open_connection(HOST, port)
+            t0 = time.monotonic()
+            w.write(request_frame(make(ApiVersionsRequest), 1))
+            out["served_cid"] = struct.unpack(">i", (await _read_frame(r, 10))[4:8])[0]
+            out["closed"] = await _eof_within(r, 5)
+            out["closed_after_s"] = time.monotonic() - t0
+            out["drained"] = node.metrics.drained.labels("p1")._value.get() - drained0
+            w.close()
+
+            # Made while served elsewhere, the identity back here before the delay is over: kept.
+            r, w = await asyncio.open_connection(HOST, port)
+            w.write(request_frame(make(ApiVersionsRequest), 2))
+            out["kept_first_cid"] = struct.unpack(">i", (await _read_frame(r, 10))[4:8])[0]
+            node.apply_map(ServingMap(epoch=2, owners={leader: "p1"}))
+            out["kept_closed"] = await _eof_within(r, drain_core.DRAIN_ELSEWHERE_S + 1.0)
+            w.write(request_frame(make(ApiVersionsRequest), 3))
+            out["kept_cid"] = struct.unpack(">i", (await _read_frame(r, 10))[4:8])[0]
+            w.close()
+            return out
+        finally:
+            await node.stop()
+
+    r = uvloop.run(scenario())
+    assert r["served_cid"] == 1 and r["closed"] and r["drained"] == 1, r
+    assert 0.5 <= r["closed_after_s"] < 4.0, r
+    assert r["kept_first_cid"] == 2 and not r["kept_closed"] and r["kept_cid"] == 3, r

@@ -199,6 +199,18 @@ def test_node_drain_with_takeover_lingers_and_serves_new_connections_a_moment() 
     assert n.connected(T0 + 0.5) == [d.DrainAt(T0 + 0.5 + d.DRAIN_NEW_CONNECTION_S)]
 
 
+def test_a_connection_made_for_an_identity_served_elsewhere_is_moved_a_while_later() -> None:
+    """Made on this node's own address for an identity another node serves: drained
+    DRAIN_ELSEWHERE_S later if it is still served there then (the shell checks); a draining
+    node's own rule comes first; an owned identity's connection is left alone."""
+    n = NodeDrain(takeover=True)
+    assert n.connected(T0, elsewhere=False) == []
+    assert n.connected(T0, elsewhere=True) == [d.DrainAt(T0 + d.DRAIN_ELSEWHERE_S, if_elsewhere=True)]
+    assert d.DRAIN_ELSEWHERE_S > d.DRAIN_NEW_CONNECTION_S  # time for the client's metadata refresh
+    n.drain_all(T0)
+    assert n.connected(T0 + 0.5, elsewhere=True) == [d.DrainAt(T0 + 0.5 + d.DRAIN_NEW_CONNECTION_S)]
+
+
 def test_node_undrain_rebinds_once() -> None:
     n = NodeDrain(takeover=True)
     assert n.undrain() == []

@@ -40,7 +40,7 @@ test keeps it complete)::
     max_connections = 50000              # client connections per node; more are refused
     accepts_per_source_per_s = 1000      # new connections per second per source address; 0: no limit
     drain_timeout_s = 5.0                # SIGTERM: longest wait for clients to leave before exiting
-    bootstrap_pool = 8                   # idle broker connections kept per broker for bootstrap clients; 0: none
+    bootstrap_pool = 8                   # idle broker connections kept per broker for the next client (proxy.upstream_pool); 0: none
 
     [logging]
     level = "INFO"
@@ -165,8 +165,9 @@ DEFAULT_ACCEPTS_PER_SOURCE_PER_S = 1000
 # SIGTERM drains a node (DESIGN §4): the fleet moves its identities, its clients are closed once
 # their in-flight responses are out; the node exits after this long even if some are left.
 DEFAULT_DRAIN_TIMEOUT_S = 5.0
-# A bootstrap client that leaves at a request boundary leaves its broker connection to the next
-# one (proxy.upstream_pool): this many kept per broker address, in each worker.
+# A client that leaves at a request boundary, or a client connection that only asks at each
+# answer, leaves its broker connection to the next one (proxy.upstream_pool): this many kept per
+# broker address, in each worker.
 DEFAULT_BOOTSTRAP_POOL = 8
 
 

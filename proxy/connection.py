@@ -37,7 +37,7 @@ from proxy.errors import ProtocolError, RewriteError
 from proxy.splice import AVAILABLE as SPLICE_AVAILABLE
 from proxy.splice import Splice
 from proxy.tls import TLS_ESTABLISHED, TlsEndpoint, describe, start_server_tls
-from proxy.upstream_pool import CONNECTION_BOUND_API_KEYS
+from proxy.upstream_pool import CONNECTION_BOUND_API_KEYS, SHAREABLE_API_KEYS
 
 if TYPE_CHECKING:
     from proxy.connect_pacing import Turn
@@ -73,7 +73,8 @@ class Pair:
     checks read a plain attribute); ``drain`` exists once a drain started."""
 
     __slots__ = ("registry", "listener", "client", "upstream", "codec", "closed", "draining", "peer", "upstream_addr",
-                 "_pending", "tap", "splice", "group", "drain", "tls", "turn", "elsewhere", "reusable")
+                 "_pending", "tap", "splice", "group", "drain", "tls", "turn", "elsewhere", "reusable", "shared",
+                 "acquiring", "attached")
     _ids = itertools.count()
 
     def __init__(self, registry: ConnectionRegistry, listener: int) -> None:
@@ -100,8 +101,18 @@ class Pair:
         # The upstream connect's turn (proxy.connect_pacing), given back at the broker's first answer.
         self.turn: Turn | None = None
         # Its broker connection may go to the next client when its client leaves at a request
-        # boundary (proxy.upstream_pool): a bootstrap connection that carried no SASL exchange.
+        # boundary (proxy.upstream_pool): a connection that carried no SASL exchange.
         self.reusable = registry.keeps_upstream(listener)
+        # It has sent only requests the broker answers from no state of the connection
+        # (SHAREABLE_API_KEYS: ApiVersions, Metadata, FindCoordinator): it holds a broker
+        # connection only from a request to its answer, borrowed from the node's pool (or
+        # connected), and gives it back at each response boundary (ConnectionRegistry.release).
+        # The first other request binds it: from then on it keeps the broker connection it has,
+        # or gets, for good. An idle client costs the broker no connection, and a reconnect storm
+        # of clients that only ask is carried by a few broker connections.
+        self.shared = registry.shares_upstream(listener)
+        self.acquiring = False  # getting a broker connection (ConnectionRegistry.acquire)
+        self.attached = False  # had a broker connection once (the drain's timers start at the first)
         if registry.tap_dir:
             self.tap = Tap(f"{registry.tap_dir}/{registry.node_id}-{os.getpid()}-{next(self._ids)}.bin")
 
@@ -233,7 +244,8 @@ class ClientSide(asyncio.BufferedProtocol):
         pair.client = transport  # type: ignore[assignment]
         pair.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         transport.set_write_buffer_limits(high=registry.limits.high_water_bytes)
-        transport.pause_reading()  # until the upstream connection is made
+        if not pair.shared:
+            transport.pause_reading()  # until the upstream connection is made
         pair.elsewhere = not self.stand_in and registry.served_elsewhere(self.listener)
         registry.accept(pair)
 
@@ -259,6 +271,8 @@ class ClientSide(asyncio.BufferedProtocol):
             metrics.count_requests(headers)
             if pair.reusable and any(h.api_key in CONNECTION_BOUND_API_KEYS for h in headers):
                 pair.reusable = False  # the broker authenticates this client on this connection
+            if pair.shared and any(h.api_key not in SHAREABLE_API_KEYS for h in headers):
+                pair.shared = False  # bound: it keeps the broker connection it has or gets
             if not pair.group:
                 pair.group = any(h.api_key in GROUP_API_KEYS for h in headers)
                 if pair.group:
@@ -274,10 +288,16 @@ class ClientSide(asyncio.BufferedProtocol):
             upstream.write(data)
             if upstream.get_write_buffer_size():  # it may keep a view of the buffer
                 self._buffers.release(upstream)
-        else:  # cannot happen while paused, kept for safety
-            if pair._pending is None:
-                pair._pending = []
-            pair._pending.append(bytes(data))
+        else:  # a shared connection between exchanges (or, for safety, one not connected yet)
+            pending = pair._pending
+            if pending is None:
+                pending = pair._pending = []
+            pending.append(bytes(data))
+            if not pair.acquiring:
+                self.registry.acquire(pair)
+            # Reading goes on (a client that leaves is heard) unless it sends much meanwhile.
+            if sum(map(len, pending)) >= self.registry.limits.high_water_bytes:
+                pair.client.pause_reading()
 
     def _send_to_coordinator_lookup(self, pair: Pair) -> None:
         """A group-coordinator request on a connection made to this node's own address for an
@@ -369,6 +389,10 @@ class UpstreamSide(asyncio.BufferedProtocol):
             assert pair.upstream is not None
             pair.upstream.pause_reading()
             registry.stalled(pair, stalled)
+        elif pair.shared and pair.codec.idle and not pair.closed:
+            registry.release(pair)  # the exchange is over: its broker connection goes to the next one
+            if pair.draining:
+                registry.drain_progress(pair)
         elif (self._splice_min and responses.remaining_pass_through >= self._splice_min and client is not None
               and not client.get_write_buffer_size() and not pair.closed):
             # Everything written to the client so far is in the kernel: the

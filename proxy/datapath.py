@@ -130,6 +130,7 @@ class DataPath:
         self.registry.owned_here = self._owned_here
         self.registry.served_elsewhere = self._served_elsewhere
         self._setup_tls(config)
+        self.registry.share_upstream = self.upstream_security.login is None
         self.listeners = Listeners(self.node, self.registry, reuse_port=self.takeover_enabled or reuse_port,
                                    on_bound=self._bound_changed, tls=self.listener_tls,
                                    plaintext=self._plaintext_listeners,
@@ -467,7 +468,7 @@ class DataPath:
 
         async def wait_turn(address: HostPort) -> None:
             nonlocal turn
-            if bootstrap:
+            if pooled:
                 turn = await self._turn_or_kept(address, source, candidates)
             else:
                 turn = await self.connect_turns.wait(address, source)
@@ -486,12 +487,12 @@ class DataPath:
         candidates = self.discovery.upstream_for(pair.listener)
         if len(candidates) > 1:  # a bootstrap connection: to the broker it waits least for
             candidates = self.connect_turns.pacer.least_loaded_first(candidates)
-        # A bootstrap connection takes a broker connection another client left, if one is kept,
-        # or is let go while it waits for a turn (even one that will not give it back: a SASL
-        # exchange may be read already).
-        bootstrap = self.registry.keeps_upstream(pair.listener)
+        # A connection takes a broker connection another client left, if one is kept, or is let
+        # go while it waits for a turn (even one that will not give it back: a SASL exchange may
+        # be read already).
+        pooled = self.registry.keeps_upstream(pair.listener)
         try:
-            kept = self.registry.pool.take(candidates) if bootstrap and not pair.closed else None
+            kept = self.registry.pool.take(candidates) if pooled and not pair.closed else None
             if kept is not None:
                 raise _TookKept(*kept)
             reached = await first_connection(connect, candidates,
@@ -560,11 +561,16 @@ class DataPath:
         loop = asyncio.get_running_loop()
         pair.upstream = transport
         pair.upstream_addr = address
+        pair.acquiring = False
         if pair._pending:
             transport.writelines(pair._pending)
             pair._pending.clear()
         assert pair.client is not None
-        pair.client.resume_reading()
+        if not pair.draining:  # a drain reads no new request
+            pair.client.resume_reading()
+        if pair.attached:  # a shared connection's next exchange
+            return
+        pair.attached = True
         for action in self.node_drain.connected(loop.time(), pair.elsewhere):
             assert isinstance(action, DrainAt)
             loop.call_at(action.at, self.registry.drain_if_elsewhere if action.if_elsewhere
@@ -594,6 +600,8 @@ class DataPath:
                 pair.tap.writelines(out)
         if pair.upstream is not None:
             pair.upstream.resume_reading()
+            if pair.shared and pair.codec.idle:
+                self.registry.release(pair)
 
     # ---------------------------------------------------------- status
     def status(self) -> DataPathStatus:

@@ -51,8 +51,8 @@ class ProxyMetrics:
             labels, registry=self.registry).labels(node_id)
         self.upstream_reused = Counter(
             "kproxy_upstream_reused",
-            "Bootstrap client connections given a kept idle broker connection instead of a new one "
-            "(proxy.upstream_pool)", labels, registry=self.registry).labels(node_id)
+            "Broker connections reused: a client connection (or one of its requests) given a kept or "
+            "let-go broker connection instead of a new one (proxy.upstream_pool)", labels, registry=self.registry).labels(node_id)
         self.drained = Counter("kproxy_connections_drained", "Client connections closed to move them", labels,
                                registry=self.registry)
         self.drain_deferred = Counter("kproxy_drain_close_deferred",

@@ -101,6 +101,7 @@ class ConnectionRegistry:
         self._tasks: set[asyncio.Task[None]] = set()
         # Broker connections that bootstrap clients left at a request boundary, for the next ones.
         self.pool = UpstreamPool(limits.bootstrap_pool, on_reuse=metrics.upstream_reused.inc)
+        self.share_upstream = True  # the data path's: False when the brokers authenticate clients (SASL)
         self.connect: Callable[[Pair], Awaitable[None]] | None = None
         self.unstall: Callable[[Pair, UnknownBroker], Awaitable[None]] | None = None
         self.owned_here: Callable[[int], bool] = lambda listener: True
@@ -134,8 +135,15 @@ class ConnectionRegistry:
 
     def keeps_upstream(self, listener: int) -> bool:
         """May a connection on ``listener`` leave its broker connection to the next client
-        (proxy.upstream_pool)? Bootstrap connections only."""
-        return listener == BOOTSTRAP and self.pool.per_address > 0
+        (proxy.upstream_pool)? Unless the pool is off (``limits.bootstrap_pool`` 0)."""
+        return self.pool.per_address > 0
+
+    def shares_upstream(self, listener: int) -> bool:
+        """May a connection on ``listener`` borrow a broker connection per exchange while it only
+        asks (proxy.connection.Pair.shared)? Not where clients log in to the brokers (the node
+        does, ``[security.upstream_sasl]``): a SASL broker takes one ApiVersions per connection
+        before the handshake and closes a connection that sends a second."""
+        return self.share_upstream and self.keeps_upstream(listener)
 
     def keep_upstream(self, pair: Pair) -> bool:
         """``pair``'s client left at a request boundary: keep its broker connection (True), or not."""
@@ -164,8 +172,26 @@ class ConnectionRegistry:
         for action in self.node_drain.accepted():
             pair.close(action.reason)
             return
+        if not pair.shared:  # a shared connection gets a broker connection at its first request
+            self.acquire(pair)
+
+    def acquire(self, pair: Pair) -> None:
+        """Get ``pair`` a broker connection; what its client sends meanwhile waits in the pair."""
         assert self.connect is not None
+        pair.acquiring = True
         self.spawn(self.connect(pair))
+
+    def release(self, pair: Pair) -> None:
+        """``pair`` is shared and at a response boundary: its broker connection goes to the pool
+        (the longest waiting connection, or kept), or is closed if the pool is full. Not while
+        bytes to the broker are still queued (then it stays until the next boundary)."""
+        upstream, address = pair.upstream, pair.upstream_addr
+        assert upstream is not None and address is not None
+        if upstream.get_write_buffer_size():
+            return
+        pair.upstream = None
+        if not self.pool.put(address, upstream):
+            upstream.close()
 
     def discard(self, pair: Pair) -> None:
         """``pair`` closed."""

@@ -1,4 +1,4 @@
-"""Idle upstream connections kept for the next bootstrap connection.
+"""Idle upstream connections kept for the next client connection.
 
 A client's bootstrap connection asks one or two things (ApiVersions, Metadata)
 and closes, and each one cost a broker connection: its accept, its place on one
@@ -26,6 +26,16 @@ spliced or waiting for an unknown broker, and the connection of any pair the
 proxy closed itself (drain, error, fence, stop). A kept connection that the
 broker closes (``connections.max.idle.ms``, a restart) or that receives a byte
 unasked leaves the pool.
+
+Any client connection that has only asked (ApiVersions, Metadata, FindCoordinator:
+``SHAREABLE_API_KEYS``) is *shared* (:attr:`proxy.connection.Pair.shared`): it gets a broker
+connection at its first request, from here or connected, and gives it back here at each
+response boundary, so it holds none while idle (a client keeps a connection to every broker it
+may need; most of them idle) and the clients of a failed node that reconnect to a survivor and
+ask their ApiVersions are carried by a few broker connections instead of one connect each. Its
+first other request binds it to the broker connection it has or gets next, for good. Not where
+the node logs in to the brokers (SASL brokers: a connection takes one ApiVersions before its
+handshake).
 """
 
 from __future__ import annotations
@@ -40,6 +50,9 @@ log = logging.getLogger("kproxy.proxy")
 IDLE_S = 30.0  # a kept connection unused this long is closed (Kafka's own idle close is 10 min)
 # Requests that bind the connection to one client: the broker authenticates the client on it.
 CONNECTION_BOUND_API_KEYS = frozenset({17, 36})  # SaslHandshake, SaslAuthenticate
+# Requests a client connection may send over a broker connection it borrows for the one exchange
+# (proxy.connection.Pair.shared): the broker answers them from no state of the connection.
+SHAREABLE_API_KEYS = frozenset({3, 10, 18})  # Metadata, FindCoordinator, ApiVersions
 
 Address = TypeVar("Address")
 

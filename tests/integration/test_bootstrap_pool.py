@@ -1,8 +1,9 @@
-"""Bootstrap clients share broker connections (proxy.upstream_pool), against the real cluster.
+"""Clients share broker connections (proxy.upstream_pool, proxy.connection.Pair.shared), against
+the real cluster.
 
 One node, one worker (so that every client meets the same pool), on 127.0.0.81. Each client
-waits for the node to have dropped the one before it (``kproxy_connections_active`` 0), so
-which broker connection it gets is decided, not raced."""
+waits for the node to have dropped the one before it (``kproxy_connections_active`` 0), or for
+its own answer, so which broker connection it gets is decided, not raced."""
 
 from __future__ import annotations
 
@@ -83,18 +84,84 @@ def test_a_connection_that_carried_sasl_or_half_a_request_is_never_kept(pool_nod
         assert read_frame(s)  # answered: the request went through the kept connection
     _gone(pool_node)
     assert _metric(pool_node, REUSED) - before == 1  # it took the kept one ...
+    # ... which was not given back: the next client's ApiVersions connects, its Metadata takes the
+    # connection the ApiVersions exchange gave back (a client that only asks borrows per request).
     _metadata_client(pool_node)
-    assert _metric(pool_node, REUSED) - before == 1  # ... which was not given back: a new connect
+    assert _metric(pool_node, REUSED) - before == 2
     _metadata_client(pool_node)
-    assert _metric(pool_node, REUSED) - before == 2  # that one was
+    assert _metric(pool_node, REUSED) - before == 4  # the kept one twice
     # Half a request, then the client leaves: the broker holds the other half's place.
     with socket.create_connection(BOOTSTRAP, timeout=10) as s:
         frame = request_frame(make(MetadataRequest, topics=(), allow_auto_topic_creation=False), 3)
         s.sendall(frame[: len(frame) // 2])
-        wait_for(lambda: _metric(pool_node, REUSED) - before == 3, "the half-request client took the kept one", 10)
+        wait_for(lambda: _metric(pool_node, REUSED) - before == 5, "the half-request client took the kept one", 10)
     _gone(pool_node)
     _metadata_client(pool_node)
-    assert _metric(pool_node, REUSED) - before == 3  # not given back
+    assert _metric(pool_node, REUSED) - before == 6  # not given back: a connect, then the Metadata's reuse
+
+
+def _upstream_connections(node, kafka_cluster) -> int:  # type: ignore[no-untyped-def]
+    """The node's (its processes') established connections to the brokers."""
+    import psutil
+
+    brokers = {(h, int(p)) for h, _, p in (a.rpartition(":") for a in kafka_cluster.bootstrap)}
+    root = psutil.Process(node.pid)
+    count = 0
+    for proc in [root, *root.children(recursive=True)]:
+        count += sum(1 for c in proc.net_connections("tcp4") if c.status == psutil.CONN_ESTABLISHED
+                     and c.raddr and (c.raddr.ip, c.raddr.port) in brokers)
+    return count
+
+
+def _ask(s: socket.socket, body, correlation_id: int, response_type: type):  # type: ignore[no-untyped-def]
+    s.sendall(request_frame(body, correlation_id))
+    correlation, answer = decode_response(response_type, read_frame(s))
+    assert correlation == correlation_id
+    return answer
+
+
+def test_clients_that_only_ask_hold_no_broker_connection_and_the_first_other_request_binds(pool_node, kafka_cluster):
+    """40 clients on a broker identity's port, each asking ApiVersions and Metadata and then held
+    open: between their requests they hold no broker connection (one per client before), so the
+    node's broker connections grow by no more than the pool keeps per broker. A ListGroups binds
+    its client: its later requests go over its own broker connection, taking none from the pool."""
+    from kio.schema.list_groups.v4.request import ListGroupsRequest
+    from kio.schema.list_groups.v4.response import ListGroupsResponse
+
+    brokers = _metadata_client(pool_node)
+    node_id, host, port = brokers[0]
+    assert host == HOST
+    before = _upstream_connections(pool_node, kafka_cluster)
+    held: list[socket.socket] = []
+    try:
+        for k in range(40):
+            s = socket.create_connection((HOST, port), timeout=10)
+            held.append(s)
+            versions = _ask(s, make(ApiVersionsRequest, client_software_name="t", client_software_version="1"),
+                            10 * k + 1, ApiVersionsResponse)
+            assert int(versions.error_code) == 0
+            metadata = _ask(s, make(MetadataRequest, topics=(), allow_auto_topic_creation=False), 10 * k + 2,
+                            MetadataResponse)
+            assert {(int(b.node_id), b.host, int(b.port)) for b in metadata.brokers} == set(brokers)
+        assert len(held) == 40 and _metric(pool_node, 'kproxy_connections_active{node="p1"}') >= 40
+        grown = _upstream_connections(pool_node, kafka_cluster) - before
+        assert grown <= 8, f"{grown} more broker connections for 40 clients that only asked"  # limits.bootstrap_pool
+
+        shared, bound = held[0], held[1]
+        metadata = make(MetadataRequest, topics=(), allow_auto_topic_creation=False)
+        reused = _metric(pool_node, REUSED)
+        _ask(shared, metadata, 1001, MetadataResponse)
+        assert _metric(pool_node, REUSED) == reused + 1  # borrowed a kept connection, gave it back
+        groups = _ask(bound, make(ListGroupsRequest, states_filter=(), types_filter=()), 1002, ListGroupsResponse)
+        assert int(groups.error_code) == 0
+        assert _metric(pool_node, REUSED) == reused + 2  # took a kept one, for good now
+        for c in range(3):
+            _ask(bound, metadata, 1003 + c, MetadataResponse)
+        assert _metric(pool_node, REUSED) == reused + 2  # over its own connection
+    finally:
+        for s in held:
+            s.close()
+    _gone(pool_node)
 
 
 def test_a_burst_of_bootstrap_clients_each_gets_its_own_answer(pool_node, kafka_cluster):

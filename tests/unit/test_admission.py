@@ -144,16 +144,19 @@ def test_beyond_the_node_cap_a_connection_is_closed_at_once_and_the_others_stay(
                                                                 "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         kept = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2)]
-        await until(lambda: len(upstream_asked) == 2, "two connections admitted")
+        await until(lambda: len(registry.pairs) == 2, "two connections admitted")
         assert [await _refused(port) for _ in range(3)] == [True] * 3
         assert len(registry.pairs) == 2 and not any(p.closed for p in registry.pairs)
-        assert len(upstream_asked) == 2  # a refused connection never reaches the upstream side
+        for _, writer in kept:  # a request: each asks for its broker connection
+            writer.write(b"\0\0\0\x0a")
+        await until(lambda: len(upstream_asked) == 2, "the admitted connections ask for a broker connection")
+        assert set(upstream_asked) == registry.pairs  # a refused connection never reaches the upstream side
         assert _refused_metric(registry.metrics, "max_connections") == 3
         assert _refused_metric(registry.metrics, "accepts_per_source_per_s") == 0
         kept[0][1].close()
         await until(lambda: len(registry.pairs) == 1, "the closed client discarded")
         again = await asyncio.open_connection("127.0.0.1", port)  # room again
-        await until(lambda: len(upstream_asked) == 3, "the new connection admitted")
+        await until(lambda: len(registry.pairs) == 2, "the new connection admitted")
         for _, writer in (kept[1], again):
             writer.close()
         server.close()

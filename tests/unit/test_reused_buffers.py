@@ -226,6 +226,7 @@ def test_upstream_side_never_overwrites_bytes_a_transport_holds(send_per_write: 
     node = ConnectionRegistry("p1", Limits(max_frame_bytes=1 << 20, splice_min_bytes=0), ProxyMetrics("p1"),
                               ResponseRewriter(proxy_address), NodeDrain(takeover=False))
     pair = connection.Pair(node, 1)
+    pair.shared = False  # the requests go into the table directly, as a bound connection's (Pair.shared)
     for correlation_id, api_key, api_version in pending:
         pair.codec.table.add(correlation_id, api_key, api_version)
     client = HoldingTransport(send_per_write)

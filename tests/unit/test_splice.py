@@ -174,6 +174,7 @@ class Rig:
         limits = Limits(splice_min_bytes=self.splice_min)
         self.node = ConnectionRegistry("t", limits, ProxyMetrics("t"), None, NodeDrain(takeover=False))
         self.pair = server_mod.Pair(self.node, 1)
+        self.pair.shared = False  # fetches go into the table directly: a bound connection's (Pair.shared)
         self.node.pairs.add(self.pair)  # as ConnectionRegistry.accept does
         self.node.metrics.active.inc()
         self.broker, proxy_up = tcp_pair()

@@ -146,3 +146,23 @@ def test_close_all_cancels_the_waiting_ones() -> None:
         assert waiter.future.cancelled() and pool.waiting == 0
 
     uvloop.run(scenario())
+
+
+def test_a_client_connection_borrows_per_request_only_where_the_brokers_do_not_authenticate_clients() -> None:
+    """A SASL broker takes one ApiVersions per connection before the handshake (Kafka's
+    SaslServerAuthenticator): where the node logs in to the brokers, nothing is borrowed."""
+    from proxy.config import Limits
+    from proxy.connection import Pair
+    from proxy.drain import NodeDrain
+    from proxy.metrics import ProxyMetrics
+    from proxy.registry import ConnectionRegistry
+
+    def registry(pool: int, share: bool) -> ConnectionRegistry:
+        r = ConnectionRegistry("t", Limits(bootstrap_pool=pool), ProxyMetrics("t"), None, NodeDrain(takeover=False))
+        r.share_upstream = share
+        return r
+
+    plain, sasl, off = registry(8, True), registry(8, False), registry(0, True)
+    assert Pair(plain, 1).shared and Pair(plain, 0).shared
+    assert not Pair(sasl, 1).shared and Pair(sasl, 1).reusable  # kept when its client leaves, as before
+    assert not Pair(off, 1).shared and not Pair(off, 1).reusable

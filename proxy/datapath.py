@@ -122,6 +122,7 @@ class DataPath:
                                            max_connections=client_capacity(config.limits.max_connections,
                                                                            self.local.workers))
         self.registry.connect = self._connect_upstream
+        self.registry.take_kept = self._take_kept
         # Per broker address, a bounded number of this worker's connects in flight (proxy.connect_pacing).
         self.connect_turns = ConnectTurns(pacing_for_workers(self.local.workers),
                                           on_wait=self.metrics.upstream_connect_waits.inc,
@@ -469,7 +470,7 @@ class DataPath:
         async def wait_turn(address: HostPort) -> None:
             nonlocal turn
             if pooled:
-                turn = await self._turn_or_kept(address, source, candidates)
+                turn = await self._turn_or_kept(pair, address, source, candidates)
             else:
                 turn = await self.connect_turns.wait(address, source)
 
@@ -504,10 +505,9 @@ class DataPath:
                 if not self.registry.pool.put(took.address, took.transport):
                     took.transport.close()
                 return
-            side = UpstreamSide(pair)
-            took.transport.set_protocol(side)
-            side.connection_made(took.transport)
-            self._attach(pair, took.transport, took.address)
+            self._attach_kept(pair, took.transport, took.address)
+            return
+        except _Attached:
             return
         except BaseException:
             if turn is not None:
@@ -530,31 +530,56 @@ class DataPath:
         pair.turn = turn
         self._attach(pair, transport, address)
 
-    async def _turn_or_kept(self, address: HostPort, source: str, candidates: list[HostPort]) -> Turn:
+    def _take_kept(self, pair: Pair) -> bool:
+        """Attach a kept broker connection to ``pair`` now, if the pool has one for its listener
+        (no task, no wait: a shared connection's next exchange, most often)."""
+        if pair.closed or not self.registry.keeps_upstream(pair.listener):
+            return False
+        candidates = self.discovery.upstream_for(pair.listener)
+        if len(candidates) > 1:
+            candidates = self.connect_turns.pacer.least_loaded_first(candidates)
+        kept = self.registry.pool.take(candidates)
+        if kept is None:
+            return False
+        self._attach_kept(pair, *kept)
+        return True
+
+    def _attach_kept(self, pair: Pair, transport: asyncio.Transport, address: HostPort) -> None:
+        """``pair``'s broker connection is ``transport``, one another client let go."""
+        if self.upstream_security.tls is not None:
+            pair.tls = True  # before UpstreamSide is made: it decides on splicing
+        side = UpstreamSide(pair)
+        transport.set_protocol(side)
+        side.connection_made(transport)
+        self._attach(pair, transport, address)
+
+    async def _turn_or_kept(self, pair: Pair, address: HostPort, source: str, candidates: list[HostPort]) -> Turn:
         """A turn to connect to ``address``, unless a broker connection to one of ``candidates``
-        is let go first (proxy.upstream_pool): then :class:`_TookKept` carries it."""
+        is let go first (proxy.upstream_pool): it is attached to ``pair`` there and then, in the
+        callback that lets it go (in a storm a connection carries the next waiting client's
+        request at once, not a turn of the loop later), and :class:`_Attached` is raised."""
         turns = self.connect_turns
         pool = self.registry.pool
         asking = asyncio.ensure_future(turns.wait(address, source))
-        waiter = pool.wait(candidates)
+
+        def handed(transport: asyncio.Transport, to: HostPort) -> bool:
+            if pair.closed or pair.upstream is not None:
+                return False
+            self._attach_kept(pair, transport, to)
+            return True
+
+        waiter = pool.wait(candidates, on_handover=handed)
         try:
-            while True:
-                await asyncio.wait((asking, waiter.future), return_when=asyncio.FIRST_COMPLETED)
-                if not waiter.future.done():
-                    pool.stop_waiting(waiter)
-                    return asking.result()
-                transport, to = waiter.future.result()
-                if not transport.is_closing():
-                    break
-                waiter = pool.wait(candidates)  # the broker closed it meanwhile: wait on
+            await asyncio.wait((asking, waiter.future), return_when=asyncio.FIRST_COMPLETED)
+            if not waiter.future.done():
+                pool.stop_waiting(waiter)
+                return asking.result()
         except BaseException:  # the pair's task cancelled (the node stops)
-            if waiter.future.done() and not waiter.future.cancelled():
-                waiter.future.result()[0].close()
-            pool.stop_waiting(waiter)
+            pool.stop_waiting(waiter)  # a connection handed over meanwhile is the pair's: closed with it
             _drop_turn(asking)
             raise
         _drop_turn(asking)  # a turn that came at the same moment goes to the next connect
-        raise _TookKept(transport, to)
+        raise _Attached()  # or the pair closed: handed() took nothing then
 
     def _attach(self, pair: Pair, transport: asyncio.Transport, address: HostPort) -> None:
         """``pair``'s broker connection is ``transport``: forward what the client sent, read on."""
@@ -628,6 +653,11 @@ def _drop_turn(asking: asyncio.Future[Turn]) -> None:
         asking.cancel()  # ConnectTurns.wait gives back a turn that came with the cancellation
     elif not asking.cancelled() and asking.exception() is None:
         asking.result().abandon()
+
+
+class _Attached(Exception):
+    """A connection another client let go was attached to the pair while it waited (or the pair
+    closed meanwhile): nothing more to do."""
 
 
 class _TookKept(Exception):

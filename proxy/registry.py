@@ -69,7 +69,8 @@ def observe(pair: Pair) -> Observation:
 class ConnectionRegistry:
     """The live connections of one node and the services they use (see the module doc).
 
-    ``connect`` (make a pair's upstream connection), ``unstall`` (learn the
+    ``connect`` (make a pair's upstream connection), ``take_kept`` (give it a kept
+    one now, if there is one), ``unstall`` (learn the
     brokers a response named, then resume it), ``owned_here`` (does this
     node still advertise a listener's identity) and ``served_elsewhere`` (does
     the map in effect give a listener's identity to another node) are the data
@@ -103,6 +104,7 @@ class ConnectionRegistry:
         self.pool = UpstreamPool(limits.bootstrap_pool, on_reuse=metrics.upstream_reused.inc)
         self.share_upstream = True  # the data path's: False when the brokers authenticate clients (SASL)
         self.connect: Callable[[Pair], Awaitable[None]] | None = None
+        self.take_kept: Callable[[Pair], bool] | None = None
         self.unstall: Callable[[Pair, UnknownBroker], Awaitable[None]] | None = None
         self.owned_here: Callable[[int], bool] = lambda listener: True
         self.served_elsewhere: Callable[[int], bool] = lambda listener: False
@@ -176,8 +178,11 @@ class ConnectionRegistry:
             self.acquire(pair)
 
     def acquire(self, pair: Pair) -> None:
-        """Get ``pair`` a broker connection; what its client sends meanwhile waits in the pair."""
+        """Get ``pair`` a broker connection; what its client sends meanwhile waits in the pair. A
+        kept one is taken at once (``take_kept``); else a task waits for one or connects."""
         assert self.connect is not None
+        if self.take_kept is not None and self.take_kept(pair):
+            return
         pair.acquiring = True
         self.spawn(self.connect(pair))
 

@@ -81,15 +81,18 @@ class _Kept(asyncio.Protocol):
 
 
 class Waiter(Generic[Address]):
-    """A bootstrap connection waiting for a broker connection let go (:meth:`UpstreamPool.wait`):
-    ``future`` gets ``(transport, address)``."""
+    """A client connection waiting for a broker connection let go (:meth:`UpstreamPool.wait`).
+    The one let go is given to ``on_handover(transport, address)`` there and then, which says
+    whether it took it (False: its pair closed meanwhile; the next waiter is asked); ``future``
+    is then done, with that answer."""
 
-    __slots__ = ("candidates", "future")
+    __slots__ = ("candidates", "future", "on_handover")
 
-    def __init__(self, candidates: Collection[Address],
-                 future: asyncio.Future[tuple[asyncio.Transport, Address]]) -> None:
+    def __init__(self, candidates: Collection[Address], future: asyncio.Future[bool],
+                 on_handover: Callable[[asyncio.Transport, Address], bool]) -> None:
         self.candidates = candidates
         self.future = future
+        self.on_handover = on_handover
 
 
 class UpstreamPool:
@@ -146,10 +149,11 @@ class UpstreamPool:
                     return entry.transport, address
         return None
 
-    def wait(self, candidates: Collection[Address]) -> Waiter[Address]:
+    def wait(self, candidates: Collection[Address],
+             on_handover: Callable[[asyncio.Transport, Address], bool]) -> Waiter[Address]:
         """Wait for a connection to one of ``candidates`` let go from now on (first come, first
-        served); :meth:`stop_waiting` once it is not needed any more."""
-        waiter: Waiter[Address] = Waiter(candidates, asyncio.get_running_loop().create_future())
+        served), given to ``on_handover``; :meth:`stop_waiting` once it is not needed any more."""
+        waiter: Waiter[Address] = Waiter(candidates, asyncio.get_running_loop().create_future(), on_handover)
         self._waiters[waiter] = None  # type: ignore[index]
         return waiter
 
@@ -163,17 +167,20 @@ class UpstreamPool:
         return len(self._waiters)
 
     def _hand_over(self, address: object, transport: asyncio.Transport) -> bool:
-        for waiter in self._waiters:
-            if address in waiter.candidates:
-                del self._waiters[waiter]
-                transport.set_protocol(_Kept(self, address, transport, 0.0))  # until the waiter resumes
-                if not transport.is_reading():
-                    transport.resume_reading()
+        while True:
+            waiter = next((w for w in self._waiters if address in w.candidates), None)
+            if waiter is None:
+                return False
+            del self._waiters[waiter]
+            if not transport.is_reading():  # paused by its last client's backpressure
+                transport.resume_reading()
+            took = waiter.on_handover(transport, address)
+            if not waiter.future.done():
+                waiter.future.set_result(took)
+            if took:
                 if self.on_reuse is not None:
                     self.on_reuse()
-                waiter.future.set_result((transport, address))
                 return True
-        return False
 
     def forget(self, entry: _Kept) -> None:
         kept = self._kept.get(entry.address)

@@ -117,21 +117,33 @@ def test_a_connection_let_go_goes_to_the_longest_waiting_one_that_would_take_its
     async def scenario() -> None:
         peer = await _Peer().start()
         reused = []
+        handed: dict[str, list[tuple[object, str]]] = {}
+
+        def taker(name: str, takes: bool = True):  # type: ignore[no-untyped-def]
+            def on_handover(transport, address) -> bool:  # type: ignore[no-untyped-def]
+                handed.setdefault(name, []).append((transport, address))
+                return takes
+            return on_handover
+
         pool = UpstreamPool(1, on_reuse=lambda: reused.append(1))
-        only_b = pool.wait(["b"])
-        first, second = pool.wait(["a", "b"]), pool.wait(["b", "a"])
-        given_up = pool.wait(["a"])
+        only_b = pool.wait(["b"], taker("only_b"))
+        closed = pool.wait(["a"], taker("closed", takes=False))  # its pair closed while it waited
+        first, second = pool.wait(["a", "b"], taker("first")), pool.wait(["b", "a"], taker("second"))
+        given_up = pool.wait(["a"], taker("given_up"))
         pool.stop_waiting(given_up)  # its pair got a turn: never handed one
-        assert pool.waiting == 3 and given_up.future.cancelled()
+        assert pool.waiting == 4 and given_up.future.cancelled()
         t1, t2, t3 = [await peer.connect() for _ in range(3)]
-        assert pool.put("a", t1) and first.future.result() == (t1, "a")  # the first that takes "a", not only_b
-        assert pool.put("a", t2) and second.future.result() == (t2, "a")
+        # Handed over in the put itself: the one whose pair closed says no, the next takes it.
+        assert pool.put("a", t1) and handed["closed"] == [(t1, "a")] and handed["first"] == [(t1, "a")]
+        assert closed.future.result() is False and first.future.result() is True  # not only_b: no "a"
+        assert pool.put("a", t2) and handed["second"] == [(t2, "a")] and second.future.result() is True
         assert pool.waiting == 1 and not only_b.future.done()
         assert pool.put("a", t3) and len(pool) == 1  # nobody waiting for "a": kept, up to the cap of 1
-        assert pool.put("b", await peer.connect()) and only_b.future.done()  # handed over, cap or not
-        assert pool.waiting == 0 and len(reused) == 3
+        t4 = await peer.connect()
+        assert pool.put("b", t4) and handed["only_b"] == [(t4, "b")]  # handed over, cap or not
+        assert pool.waiting == 0 and len(reused) == 3 and "given_up" not in handed
         pool.close_all()
-        for t in (t1, t2):
+        for t in (t1, t2, t4):
             t.close()
         peer.close()
 
@@ -141,7 +153,7 @@ def test_a_connection_let_go_goes_to_the_longest_waiting_one_that_would_take_its
 def test_close_all_cancels_the_waiting_ones() -> None:
     async def scenario() -> None:
         pool = UpstreamPool(1)
-        waiter = pool.wait(["a"])
+        waiter = pool.wait(["a"], lambda transport, address: True)
         pool.close_all()
         assert waiter.future.cancelled() and pool.waiting == 0
 

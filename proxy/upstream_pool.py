@@ -110,6 +110,10 @@ class UpstreamPool:
         self.on_reuse = on_reuse
         self._kept: dict[object, list[_Kept]] = {}
         self._waiters: dict[Waiter[object], None] = {}  # in arrival order
+        # The same waiters by each address they would take, in arrival order: a connection let go
+        # finds the longest waiting one for its address without passing the others (in a storm,
+        # hundreds wait for one broker identity's address).
+        self._by_address: dict[object, dict[Waiter[object], None]] = {}
         self._sweep: asyncio.TimerHandle | None = None
 
     def __len__(self) -> int:
@@ -155,11 +159,13 @@ class UpstreamPool:
         served), given to ``on_handover``; :meth:`stop_waiting` once it is not needed any more."""
         waiter: Waiter[Address] = Waiter(candidates, asyncio.get_running_loop().create_future(), on_handover)
         self._waiters[waiter] = None  # type: ignore[index]
+        for address in candidates:
+            self._by_address.setdefault(address, {})[waiter] = None  # type: ignore[index]
         return waiter
 
     def stop_waiting(self, waiter: Waiter[Address]) -> None:
         """``waiter`` is done waiting (its pair got a turn, or closed): cancel it if need be."""
-        self._waiters.pop(waiter, None)  # type: ignore[arg-type]
+        self._forget_waiter(waiter)  # type: ignore[arg-type]
         waiter.future.cancel()
 
     @property
@@ -168,10 +174,11 @@ class UpstreamPool:
 
     def _hand_over(self, address: object, transport: asyncio.Transport) -> bool:
         while True:
-            waiter = next((w for w in self._waiters if address in w.candidates), None)
+            line = self._by_address.get(address)
+            waiter = next(iter(line), None) if line else None
             if waiter is None:
                 return False
-            del self._waiters[waiter]
+            self._forget_waiter(waiter)
             if not transport.is_reading():  # paused by its last client's backpressure
                 transport.resume_reading()
             took = waiter.on_handover(transport, address)
@@ -182,6 +189,15 @@ class UpstreamPool:
                     self.on_reuse()
                 return True
 
+    def _forget_waiter(self, waiter: Waiter[object]) -> None:
+        if self._waiters.pop(waiter, 0) is None:  # it was waiting
+            for address in waiter.candidates:
+                line = self._by_address.get(address)
+                if line is not None:
+                    line.pop(waiter, None)
+                    if not line:
+                        del self._by_address[address]
+
     def forget(self, entry: _Kept) -> None:
         kept = self._kept.get(entry.address)
         if kept is not None and entry in kept:
@@ -191,6 +207,7 @@ class UpstreamPool:
         for waiter in list(self._waiters):
             waiter.future.cancel()
         self._waiters.clear()
+        self._by_address.clear()
         for kept in self._kept.values():
             for entry in kept:
                 entry.transport.close()

@@ -2,7 +2,10 @@
 
 A client connection on broker B's port is paired (:class:`Pair`) with one
 upstream connection to broker B; the bootstrap port pairs with any live
-broker. Per pair, a :class:`proxy.codec.ConnectionCodec` (sans-IO) observes
+broker. While the client has only asked (ApiVersions, Metadata,
+FindCoordinator) the pair is *shared*: it borrows a broker connection per
+request from the node's pool (:mod:`proxy.upstream_pool`) and gives it back at
+the answer; its first other request binds it to one for good. Per pair, a :class:`proxy.codec.ConnectionCodec` (sans-IO) observes
 request headers (to fill the correlation table) and splits the response stream
 into pass-through slices and whole address-carrying frames for
 :class:`proxy.rewrite.ResponseRewriter`.

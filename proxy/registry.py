@@ -100,7 +100,7 @@ class ConnectionRegistry:
         # Client connections in their TLS handshake (no pair yet): raw transports (proxy.connection).
         self.handshaking: set[asyncio.BaseTransport] = set()
         self._tasks: set[asyncio.Task[None]] = set()
-        # Broker connections that bootstrap clients left at a request boundary, for the next ones.
+        # Broker connections that clients left at a request boundary, for the next ones (proxy.upstream_pool).
         self.pool = UpstreamPool(limits.bootstrap_pool, on_reuse=metrics.upstream_reused.inc)
         self.share_upstream = True  # the data path's: False when the brokers authenticate clients (SASL)
         self.connect: Callable[[Pair], Awaitable[None]] | None = None
@@ -196,6 +196,7 @@ class ConnectionRegistry:
             return
         pair.upstream = None
         if not self.pool.put(address, upstream):
+            upstream.set_protocol(asyncio.Protocol())  # let go: its close is no longer the pair's loss
             upstream.close()
 
     def discard(self, pair: Pair) -> None:

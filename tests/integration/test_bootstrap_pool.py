@@ -196,3 +196,4 @@ def test_a_burst_of_bootstrap_clients_each_gets_its_own_answer(pool_node, kafka_
     assert all(brokers == answers[0][1] for _, brokers in answers)
     assert {host for _, host, _ in answers[0][1]} == {HOST} and len(answers[0][1]) == len(kafka_cluster.bootstrap)
     _gone(pool_node)  # and every pair closed: none left waiting
+

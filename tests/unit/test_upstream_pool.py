@@ -178,3 +178,41 @@ def test_a_client_connection_borrows_per_request_only_where_the_brokers_do_not_a
     assert Pair(plain, 1).shared and Pair(plain, 0).shared
     assert not Pair(sasl, 1).shared and Pair(sasl, 1).reusable  # kept when its client leaves, as before
     assert not Pair(off, 1).shared and not Pair(off, 1).reusable
+
+
+def test_a_broker_connection_let_go_past_the_cap_closes_without_closing_the_client_that_let_it_go() -> None:
+    """ConnectionRegistry.release with the pool full: the broker connection is closed, and its
+    close (connection_lost on the protocol it had) is not taken for the pair's broker leaving."""
+    from proxy.config import HostPort, Limits
+    from proxy.connection import Pair, UpstreamSide
+    from proxy.drain import NodeDrain
+    from proxy.metrics import ProxyMetrics
+    from proxy.registry import ConnectionRegistry
+
+    async def scenario() -> None:
+        broker, client_host = await _Peer().start(), await _Peer().start()
+        registry = ConnectionRegistry("t", Limits(bootstrap_pool=1), ProxyMetrics("t"), None, NodeDrain(takeover=False))
+        address = HostPort("127.0.0.1", broker.port)
+        assert registry.pool.put(address, await broker.connect())  # the pool's one place is taken
+        pair = Pair(registry, 1)
+        assert pair.shared
+        registry.pairs.add(pair)
+        pair.client = await client_host.connect()
+        loop = asyncio.get_running_loop()
+        upstream, _ = await loop.create_connection(lambda: UpstreamSide(pair), "127.0.0.1", broker.port)
+        pair.upstream, pair.upstream_addr = upstream, address
+        registry.release(pair)  # at a response boundary: nothing in flight
+        assert pair.upstream is None
+
+        def socket_closed() -> bool:  # after connection_lost: the transport let its socket go
+            sock = upstream.get_extra_info("socket")
+            return sock is None or sock.fileno() == -1
+
+        await until(socket_closed, "the broker connection closed")
+        assert not pair.closed and not pair.client.is_closing()
+        pair.close("test over")
+        registry.pool.close_all()
+        broker.close()
+        client_host.close()
+
+    uvloop.run(scenario())

@@ -41,6 +41,7 @@ test keeps it complete)::
     accepts_per_source_per_s = 1000      # new connections per second per source address; 0: no limit
     drain_timeout_s = 5.0                # SIGTERM: longest wait for clients to leave before exiting
     bootstrap_pool = 8                   # idle broker connections kept per broker for the next client (proxy.upstream_pool); 0: none
+    share_upstream = false               # a client connection that only asks borrows a broker connection per request
 
     [logging]
     level = "INFO"
@@ -183,6 +184,7 @@ class Limits:
     accepts_per_source_per_s: float = DEFAULT_ACCEPTS_PER_SOURCE_PER_S
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     bootstrap_pool: int = DEFAULT_BOOTSTRAP_POOL
+    share_upstream: bool = False
 
 
 @attrs.frozen
@@ -448,6 +450,7 @@ def _parse_limits(limits_raw: Mapping[str, Any]) -> Limits:
                                       float, float(DEFAULT_ACCEPTS_PER_SOURCE_PER_S)),
         drain_timeout_s=_get(limits_raw, "drain_timeout_s", "limits.drain_timeout_s", float, DEFAULT_DRAIN_TIMEOUT_S),
         bootstrap_pool=_get(limits_raw, "bootstrap_pool", "limits.bootstrap_pool", int, DEFAULT_BOOTSTRAP_POOL),
+        share_upstream=_get(limits_raw, "share_upstream", "limits.share_upstream", bool, False),
     )
     if limits.splice_min_bytes != 0 and not 4096 <= limits.splice_min_bytes <= 1 << 30:
         raise ConfigError("limits.splice_min_bytes", "must be 0 (never splice) or between 4 KiB and 1 GiB")

@@ -132,7 +132,7 @@ class DataPath:
         self.registry.owned_here = self._owned_here
         self.registry.served_elsewhere = self._served_elsewhere
         self._setup_tls(config)
-        self.registry.share_upstream = self.upstream_security.login is None
+        self.registry.clients_log_in = self.upstream_security.login is not None
         self.listeners = Listeners(self.node, self.registry, reuse_port=self.takeover_enabled or reuse_port,
                                    on_bound=self._bound_changed, tls=self.listener_tls,
                                    plaintext=self._plaintext_listeners,

@@ -102,7 +102,7 @@ class ConnectionRegistry:
         self._tasks: set[asyncio.Task[None]] = set()
         # Broker connections that clients left at a request boundary, for the next ones (proxy.upstream_pool).
         self.pool = UpstreamPool(limits.bootstrap_pool, on_reuse=metrics.upstream_reused.inc)
-        self.share_upstream = True  # the data path's: False when the brokers authenticate clients (SASL)
+        self.clients_log_in = False  # the data path's: the brokers authenticate clients (SASL)
         self.connect: Callable[[Pair], Awaitable[None]] | None = None
         self.take_kept: Callable[[Pair], bool] | None = None
         self.unstall: Callable[[Pair, UnknownBroker], Awaitable[None]] | None = None
@@ -137,15 +137,17 @@ class ConnectionRegistry:
 
     def keeps_upstream(self, listener: int) -> bool:
         """May a connection on ``listener`` leave its broker connection to the next client
-        (proxy.upstream_pool)? Unless the pool is off (``limits.bootstrap_pool`` 0)."""
-        return self.pool.per_address > 0
+        (proxy.upstream_pool)? Bootstrap connections, and every connection where they are shared
+        (:meth:`shares_upstream`); none when the pool is off (``limits.bootstrap_pool`` 0)."""
+        return self.pool.per_address > 0 and (listener == BOOTSTRAP or self.shares_upstream(listener))
 
     def shares_upstream(self, listener: int) -> bool:
         """May a connection on ``listener`` borrow a broker connection per exchange while it only
-        asks (proxy.connection.Pair.shared)? Not where clients log in to the brokers (the node
-        does, ``[security.upstream_sasl]``): a SASL broker takes one ApiVersions per connection
-        before the handshake and closes a connection that sends a second."""
-        return self.share_upstream and self.keeps_upstream(listener)
+        asks (proxy.connection.Pair.shared)? With ``limits.share_upstream``, and not where clients
+        log in to the brokers (the node does, ``[security.upstream_sasl]``): a SASL broker takes
+        one ApiVersions per connection before the handshake and closes a connection that sends a
+        second."""
+        return self.limits.share_upstream and not self.clients_log_in and self.pool.per_address > 0
 
     def keep_upstream(self, pair: Pair) -> bool:
         """``pair``'s client left at a request boundary: keep its broker connection (True), or not."""

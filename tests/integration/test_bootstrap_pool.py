@@ -34,7 +34,8 @@ def pool_node(kafka_cluster, tmp_path_factory):
     from chaos.testbed.proxies import NodeProcess, fleet_config
 
     d = tmp_path_factory.mktemp("pool")
-    cfg = fleet_config(d / "fleet.toml", kafka_cluster.bootstrap, 1, first_ip=81, fleet=False, workers=1)
+    cfg = fleet_config(d / "fleet.toml", kafka_cluster.bootstrap, 1, first_ip=81, fleet=False, workers=1,
+                       extra={"limits": {"share_upstream": True}})
     with NodeProcess(cfg, "p1", HOST, 9400, d / "p1.log").running() as node:
         yield node
 

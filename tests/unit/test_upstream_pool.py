@@ -163,21 +163,25 @@ def test_close_all_cancels_the_waiting_ones() -> None:
 def test_a_client_connection_borrows_per_request_only_where_the_brokers_do_not_authenticate_clients() -> None:
     """A SASL broker takes one ApiVersions per connection before the handshake (Kafka's
     SaslServerAuthenticator): where the node logs in to the brokers, nothing is borrowed."""
+    from membership.serving import BOOTSTRAP
     from proxy.config import Limits
     from proxy.connection import Pair
     from proxy.drain import NodeDrain
     from proxy.metrics import ProxyMetrics
     from proxy.registry import ConnectionRegistry
 
-    def registry(pool: int, share: bool) -> ConnectionRegistry:
-        r = ConnectionRegistry("t", Limits(bootstrap_pool=pool), ProxyMetrics("t"), None, NodeDrain(takeover=False))
-        r.share_upstream = share
+    def registry(pool: int, log_in: bool, share: bool = True) -> ConnectionRegistry:
+        r = ConnectionRegistry("t", Limits(bootstrap_pool=pool, share_upstream=share), ProxyMetrics("t"), None,
+                               NodeDrain(takeover=False))
+        r.clients_log_in = log_in
         return r
 
-    plain, sasl, off = registry(8, True), registry(8, False), registry(0, True)
-    assert Pair(plain, 1).shared and Pair(plain, 0).shared
-    assert not Pair(sasl, 1).shared and Pair(sasl, 1).reusable  # kept when its client leaves, as before
+    plain, sasl, off = registry(8, False), registry(8, True), registry(0, False)
+    assert Pair(plain, 1).shared and Pair(plain, BOOTSTRAP).shared and Pair(plain, 1).reusable
+    assert not Pair(sasl, 1).shared and not Pair(sasl, 1).reusable and Pair(sasl, BOOTSTRAP).reusable  # as before
     assert not Pair(off, 1).shared and not Pair(off, 1).reusable
+    default = registry(8, False, share=Limits().share_upstream)  # off unless asked
+    assert not Pair(default, 1).shared and not Pair(default, 1).reusable and Pair(default, BOOTSTRAP).reusable
 
 
 def test_a_broker_connection_let_go_past_the_cap_closes_without_closing_the_client_that_let_it_go() -> None:
@@ -191,7 +195,8 @@ def test_a_broker_connection_let_go_past_the_cap_closes_without_closing_the_clie
 
     async def scenario() -> None:
         broker, client_host = await _Peer().start(), await _Peer().start()
-        registry = ConnectionRegistry("t", Limits(bootstrap_pool=1), ProxyMetrics("t"), None, NodeDrain(takeover=False))
+        registry = ConnectionRegistry("t", Limits(bootstrap_pool=1, share_upstream=True), ProxyMetrics("t"), None,
+                                      NodeDrain(takeover=False))
         address = HostPort("127.0.0.1", broker.port)
         assert registry.pool.put(address, await broker.connect())  # the pool's one place is taken
         pair = Pair(registry, 1)

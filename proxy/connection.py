@@ -2,10 +2,11 @@
 
 A client connection on broker B's port is paired (:class:`Pair`) with one
 upstream connection to broker B; the bootstrap port pairs with any live
-broker. While the client has only asked (ApiVersions, Metadata,
-FindCoordinator) the pair is *shared*: it borrows a broker connection per
-request from the node's pool (:mod:`proxy.upstream_pool`) and gives it back at
-the answer; its first other request binds it to one for good. Per pair, a :class:`proxy.codec.ConnectionCodec` (sans-IO) observes
+broker. With ``limits.share_upstream``, while the client has only asked
+(ApiVersions, Metadata, FindCoordinator) the pair is *shared*: it borrows a
+broker connection per request from the node's pool (:mod:`proxy.upstream_pool`)
+and gives it back at the answer; its first other request binds it to one for
+good. Per pair, a :class:`proxy.codec.ConnectionCodec` (sans-IO) observes
 request headers (to fill the correlation table) and splits the response stream
 into pass-through slices and whole address-carrying frames for
 :class:`proxy.rewrite.ResponseRewriter`.
@@ -106,8 +107,8 @@ class Pair:
         # Its broker connection may go to the next client when its client leaves at a request
         # boundary (proxy.upstream_pool): a connection that carried no SASL exchange.
         self.reusable = registry.keeps_upstream(listener)
-        # It has sent only requests the broker answers from no state of the connection
-        # (SHAREABLE_API_KEYS: ApiVersions, Metadata, FindCoordinator): it holds a broker
+        # With limits.share_upstream: it has sent only requests the broker answers from no
+        # state of the connection (SHAREABLE_API_KEYS: ApiVersions, Metadata, FindCoordinator): it holds a broker
         # connection only from a request to its answer, borrowed from the node's pool (or
         # connected), and gives it back at each response boundary (ConnectionRegistry.release).
         # The first other request binds it: from then on it keeps the broker connection it has,

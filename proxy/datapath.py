@@ -5,9 +5,10 @@ Theory of operation
 A :class:`DataPath` binds, on its own address, one bootstrap port plus one
 port per broker identity (eagerly, for every broker discovered upstream:
 :mod:`proxy.discovery`, :mod:`proxy.listeners`). Each client connection is
-paired with an upstream connection (:mod:`proxy.connection`; borrowed per
-request while the client only asks, :mod:`proxy.upstream_pool`) and lives in
-the node's :class:`proxy.registry.ConnectionRegistry`.
+paired with an upstream connection (:mod:`proxy.connection`; with
+``limits.share_upstream``, borrowed per request while the client only asks:
+:mod:`proxy.upstream_pool`) and lives in the node's
+:class:`proxy.registry.ConnectionRegistry`.
 
 Which proxy advertises which broker identity is *not* decided here: the one
 input is a :class:`membership.serving.ServingMap`, pushed in by

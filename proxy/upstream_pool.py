@@ -27,8 +27,8 @@ proxy closed itself (drain, error, fence, stop). A kept connection that the
 broker closes (``connections.max.idle.ms``, a restart) or that receives a byte
 unasked leaves the pool.
 
-Any client connection that has only asked (ApiVersions, Metadata, FindCoordinator:
-``SHAREABLE_API_KEYS``) is *shared* (:attr:`proxy.connection.Pair.shared`): it gets a broker
+With ``limits.share_upstream`` (off by default), any client connection that has only asked
+(ApiVersions, Metadata, FindCoordinator: ``SHAREABLE_API_KEYS``) is *shared* (:attr:`proxy.connection.Pair.shared`): it gets a broker
 connection at its first request, from here or connected, and gives it back here at each
 response boundary, so it holds none while idle (a client keeps a connection to every broker it
 may need; most of them idle) and the clients of a failed node that reconnect to a survivor and

@@ -80,10 +80,12 @@ def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_rounds: 
                    "With --state-dir the running fleet's own.")
 @click.option("--workers", type=click.IntRange(1, 16), default=1, show_default=True,
               help="Data-path workers per node of the fleet brought up (not with --state-dir).")
+@click.option("--share-upstream", is_flag=True,
+              help="The fleet brought up runs with limits.share_upstream on (not with --state-dir).")
 @click.option("--json", "as_json", is_flag=True)
 def bench_failover(drills: int, drains: int, clients: str | None, rate: float, state_dir: str | None,
                    out_dir: str | None, seed: int | None, hosts: str, light_clients: int, fault: str,
-                   security: str, workers: int, as_json: bool) -> None:
+                   security: str, workers: int, share_upstream: bool, as_json: bool) -> None:
     """RTO per client family over many drills of one fault (SIGKILL by default) and drains,
     detection and commit times (and, on emulated hosts, fault to address moved)."""
     from chaos.bench.failover import DEFAULT_CLIENTS, run
@@ -95,6 +97,9 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
         raise click.BadParameter("light clients speak plaintext only", param_hint="--light-clients")
     if state_dir and workers != 1:
         raise click.BadParameter("with --state-dir the running fleet's own workers are used", param_hint="--workers")
+    if state_dir and share_upstream:
+        raise click.BadParameter("with --state-dir the running fleet's own limits are used",
+                                 param_hint="--share-upstream")
     if state_dir and security != "plaintext":
         raise click.BadParameter("with --state-dir the running fleet's own security is used", param_hint="--security")
 
@@ -108,7 +113,7 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
 
     results = run(drills=drills, drains=drains, clients=clients or DEFAULT_CLIENTS, rate=rate, state_dir=state_dir,
                   out_dir=out_dir, seed=seed, light_clients=light_clients, progress=progress, hosts=hosts,
-                  fault=fault, security=Protocol.parse(security), workers=workers)
+                  fault=fault, security=Protocol.parse(security), workers=workers, share_upstream=share_upstream)
     if as_json:
         click.echo(json.dumps(results, indent=2, default=str))
         return

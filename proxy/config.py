@@ -42,6 +42,7 @@ test keeps it complete)::
     drain_timeout_s = 5.0                # SIGTERM: longest wait for clients to leave before exiting
     bootstrap_pool = 8                   # idle broker connections kept per broker for the next client (proxy.upstream_pool); 0: none
     share_upstream = false               # a client connection that only asks borrows a broker connection per request
+    api_versions_answer_s = 5.0          # with share_upstream: ApiVersions answered by the node from the broker's last answer this long; 0: never
 
     [logging]
     level = "INFO"
@@ -170,6 +171,7 @@ DEFAULT_DRAIN_TIMEOUT_S = 5.0
 # answer, leaves its broker connection to the next one (proxy.upstream_pool): this many kept per
 # broker address, in each worker.
 DEFAULT_BOOTSTRAP_POOL = 8
+DEFAULT_API_VERSIONS_ANSWER_S = 5.0  # proxy.local_answers
 
 
 @attrs.frozen
@@ -185,6 +187,7 @@ class Limits:
     drain_timeout_s: float = DEFAULT_DRAIN_TIMEOUT_S
     bootstrap_pool: int = DEFAULT_BOOTSTRAP_POOL
     share_upstream: bool = False
+    api_versions_answer_s: float = DEFAULT_API_VERSIONS_ANSWER_S
 
 
 @attrs.frozen
@@ -451,6 +454,8 @@ def _parse_limits(limits_raw: Mapping[str, Any]) -> Limits:
         drain_timeout_s=_get(limits_raw, "drain_timeout_s", "limits.drain_timeout_s", float, DEFAULT_DRAIN_TIMEOUT_S),
         bootstrap_pool=_get(limits_raw, "bootstrap_pool", "limits.bootstrap_pool", int, DEFAULT_BOOTSTRAP_POOL),
         share_upstream=_get(limits_raw, "share_upstream", "limits.share_upstream", bool, False),
+        api_versions_answer_s=_get(limits_raw, "api_versions_answer_s", "limits.api_versions_answer_s", float,
+                                   DEFAULT_API_VERSIONS_ANSWER_S),
     )
     if limits.splice_min_bytes != 0 and not 4096 <= limits.splice_min_bytes <= 1 << 30:
         raise ConfigError("limits.splice_min_bytes", "must be 0 (never splice) or between 4 KiB and 1 GiB")
@@ -470,6 +475,8 @@ def _parse_limits(limits_raw: Mapping[str, Any]) -> Limits:
         raise ConfigError("limits.accepts_per_source_per_s", "must be 0 (no limit) or a rate up to 1000000")
     if not 0 <= limits.bootstrap_pool <= 1024:
         raise ConfigError("limits.bootstrap_pool", "must be between 0 (keep none) and 1024")
+    if not 0 <= limits.api_versions_answer_s <= 3600:
+        raise ConfigError("limits.api_versions_answer_s", "must be between 0 (never answer) and 3600 seconds")
     return limits
 
 

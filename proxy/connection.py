@@ -38,6 +38,7 @@ from proxy.codec import ConnectionCodec
 from proxy.config import HostPort
 from proxy.drain import GROUP_API_KEYS, ConnectionDrain
 from proxy.errors import ProtocolError, RewriteError
+from proxy.framing import API_VERSIONS
 from proxy.splice import AVAILABLE as SPLICE_AVAILABLE
 from proxy.splice import Splice
 from proxy.tls import TLS_ESTABLISHED, TlsEndpoint, describe, start_server_tls
@@ -119,6 +120,12 @@ class Pair:
         self.attached = False  # had a broker connection once (the drain's timers start at the first)
         if registry.tap_dir:
             self.tap = Tap(f"{registry.tap_dir}/{registry.node_id}-{os.getpid()}-{next(self._ids)}.bin")
+
+    def learned(self, api_key: int, api_version: int, pieces: Iterable[bytes | memoryview]) -> None:
+        """A response the rewriter handled (the codec's observer while the pair is shared):
+        ApiVersions answers are kept for the next clients (proxy.local_answers)."""
+        if api_key == API_VERSIONS:
+            self.registry.answers.learn(self.listener, api_key, api_version, pieces)
 
     def close(self, reason: str, *, level: int = logging.DEBUG, client_left: bool = False) -> None:
         """``client_left``: the client closed its side; a reusable pair at a request boundary
@@ -248,7 +255,9 @@ class ClientSide(asyncio.BufferedProtocol):
         pair.client = transport  # type: ignore[assignment]
         pair.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         transport.set_write_buffer_limits(high=registry.limits.high_water_bytes)
-        if not pair.shared:
+        if pair.shared:
+            pair.codec.responses.observer = pair.learned
+        else:
             transport.pause_reading()  # until the upstream connection is made
         pair.elsewhere = not self.stand_in and registry.served_elsewhere(self.listener)
         registry.accept(pair)
@@ -286,8 +295,12 @@ class ClientSide(asyncio.BufferedProtocol):
                             and self.registry.redirect_allowed(pair):
                         self._send_to_coordinator_lookup(pair)
                         return
-        metrics.bytes_to_broker += nbytes
         upstream = pair.upstream
+        if upstream is None and pair.shared and not pair._pending and len(headers) == 1 \
+                and headers[0].api_key == API_VERSIONS and self._answer(pair, headers[0].api_version,
+                                                                        headers[0].correlation_id):
+            return
+        metrics.bytes_to_broker += nbytes
         if upstream is not None:
             upstream.write(data)
             if upstream.get_write_buffer_size():  # it may keep a view of the buffer
@@ -302,6 +315,25 @@ class ClientSide(asyncio.BufferedProtocol):
             # Reading goes on (a client that leaves is heard) unless it sends much meanwhile.
             if sum(map(len, pending)) >= self.registry.limits.high_water_bytes:
                 pair.client.pause_reading()
+
+    def _answer(self, pair: Pair, api_version: int, correlation_id: int) -> bool:
+        """Answer a shared connection's ApiVersions request (the whole of what the client sent
+        since its last answer) from the answer kept for its listener (proxy.local_answers), if
+        there is one: no broker connection is borrowed."""
+        codec = pair.codec
+        if not codec.requests.at_frame_boundary or len(codec.table) != 1:
+            return False
+        frame = self.registry.answers.answer(pair.listener, api_version, correlation_id)
+        if frame is None:
+            return False
+        codec.table.pop(correlation_id)
+        self.registry.metrics.local_answers.inc()
+        client = pair.client
+        assert client is not None
+        client.write(frame)
+        if pair.tap is not None:
+            pair.tap.writelines((frame,))
+        return True
 
     def _send_to_coordinator_lookup(self, pair: Pair) -> None:
         """A group-coordinator request on a connection made to this node's own address for an

@@ -53,6 +53,10 @@ class ProxyMetrics:
             "kproxy_upstream_reused",
             "Broker connections reused: a client connection (or one of its requests) given a kept or "
             "let-go broker connection instead of a new one (proxy.upstream_pool)", labels, registry=self.registry).labels(node_id)
+        self.local_answers = Counter(
+            "kproxy_local_answers",
+            "ApiVersions requests the node answered itself from the broker's last answer, without a broker "
+            "connection (limits.share_upstream; proxy.local_answers)", labels, registry=self.registry).labels(node_id)
         self.drained = Counter("kproxy_connections_drained", "Client connections closed to move them", labels,
                                registry=self.registry)
         self.drain_deferred = Counter("kproxy_drain_close_deferred",

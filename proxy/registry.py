@@ -37,6 +37,7 @@ from proxy.drain import (
     ScheduleTimer,
 )
 from proxy.errors import UnknownBroker
+from proxy.local_answers import LocalAnswers
 from proxy.metrics import ProxyMetrics
 from proxy.rewrite import ResponseRewriter
 from proxy.upstream_pool import UpstreamPool
@@ -103,6 +104,8 @@ class ConnectionRegistry:
         # Broker connections that clients left at a request boundary, for the next ones (proxy.upstream_pool).
         self.pool = UpstreamPool(limits.bootstrap_pool, on_reuse=metrics.upstream_reused.inc)
         self.clients_log_in = False  # the data path's: the brokers authenticate clients (SASL)
+        # ApiVersions answers kept for shared connections (proxy.local_answers).
+        self.answers = LocalAnswers(clock, limits.api_versions_answer_s)
         self.connect: Callable[[Pair], Awaitable[None]] | None = None
         self.take_kept: Callable[[Pair], bool] | None = None
         self.unstall: Callable[[Pair, UnknownBroker], Awaitable[None]] | None = None
@@ -116,6 +119,7 @@ class ConnectionRegistry:
         """A config reload (proxy.reload): new connections get ``limits``; admission uses the new
         cap and rate from the next connection on. Connections held keep their settings."""
         self.limits = limits
+        self.answers.retune(limits.api_versions_answer_s)
         self.admission.retune(min(limits.max_connections, max_connections or limits.max_connections),
                               limits.accepts_per_source_per_s)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import struct
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from proxy._wire import Buffer
@@ -83,6 +83,9 @@ class ResponseSplitter:
         self._error: Exception | None = None
         self.frames = 0  # responses started
         self.rewritten = 0  # responses rewritten
+        # Told of every frame the rewriter handled (its key, version and new payload's pieces, views
+        # valid only during the call): proxy.local_answers learns ApiVersions answers so.
+        self.observer: Callable[[int, int, Sequence[Buffer]], None] | None = None
 
     @property
     def stalled(self) -> UnknownBroker | None:
@@ -314,6 +317,8 @@ class ResponseSplitter:
             self._frame = bytearray()
         self._stalled = None
         self.rewritten += 1
+        if self.observer is not None:
+            self.observer(api_key, api_version, result.pieces)
         return result
 
     @staticmethod

@@ -3,7 +3,9 @@ the real cluster.
 
 One node, one worker (so that every client meets the same pool), on 127.0.0.81. Each client
 waits for the node to have dropped the one before it (``kproxy_connections_active`` 0), or for
-its own answer, so which broker connection it gets is decided, not raced."""
+its own answer, so which broker connection it gets is decided, not raced. Every ApiVersions goes
+to a broker here (``limits.api_versions_answer_s`` 0: the node answers none itself; that is
+tests/integration/test_local_answers.py's)."""
 
 from __future__ import annotations
 
@@ -35,7 +37,7 @@ def pool_node(kafka_cluster, tmp_path_factory):
 
     d = tmp_path_factory.mktemp("pool")
     cfg = fleet_config(d / "fleet.toml", kafka_cluster.bootstrap, 1, first_ip=81, fleet=False, workers=1,
-                       extra={"limits": {"share_upstream": True}})
+                       extra={"limits": {"share_upstream": True, "api_versions_answer_s": 0}})
     with NodeProcess(cfg, "p1", HOST, 9400, d / "p1.log").running() as node:
         yield node
 

@@ -136,9 +136,10 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
                    "(idle_cpu_fraction, of a core per node); 0: skip.")
 @click.option("--workers", type=click.IntRange(1, 64), default=None,
               help="The node's data-path processes (default: the node's default, one per core).")
+@click.option("--share-upstream", is_flag=True, help="The node runs with limits.share_upstream on.")
 @click.option("--json", "as_json", is_flag=True)
 def bench_storm(clients: str, backlog: int | None, deadline: float, idle_window: float, workers: int | None,
-                as_json: bool) -> None:
+                share_upstream: bool, as_json: bool) -> None:
     """N clients connect at once (ApiVersions, Metadata, a small Produce): kproxy vs a broker directly."""
     from chaos.bench.storm import run
 
@@ -150,7 +151,7 @@ def bench_storm(clients: str, backlog: int | None, deadline: float, idle_window:
         raise click.BadParameter("sizes between 1 and 100000", param_hint="--clients")
     console = Console(stderr=True)
     results = run(sizes, backlog=backlog, deadline_s=deadline, idle_window_s=idle_window, workers=workers,
-                  progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
+                  share_upstream=share_upstream, progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
     if as_json:
         click.echo(json.dumps(results, indent=2))
         return

@@ -42,7 +42,7 @@ test keeps it complete)::
     drain_timeout_s = 5.0                # SIGTERM: longest wait for clients to leave before exiting
     bootstrap_pool = 8                   # idle broker connections kept per broker for the next client (proxy.upstream_pool); 0: none
     share_upstream = false               # a client connection that only asks borrows a broker connection per request
-    api_versions_answer_s = 5.0          # with share_upstream: ApiVersions answered by the node from the broker's last answer this long; 0: never
+    api_versions_answer_s = 5.0          # ApiVersions answered by the node from the broker's last answer this long, broker connection at the first other request; 0: never
 
     [logging]
     level = "INFO"

@@ -2,7 +2,9 @@
 
 A client connection on broker B's port is paired (:class:`Pair`) with one
 upstream connection to broker B; the bootstrap port pairs with any live
-broker. With ``limits.share_upstream``, while the client has only asked
+broker. On a broker's port the upstream connection is made at the client's
+first request the node does not answer itself (ApiVersions is answered from the
+broker's last answer: :mod:`proxy.local_answers`, ``Pair.lazy``). With ``limits.share_upstream``, while the client has only asked
 (ApiVersions, Metadata, FindCoordinator) the pair is *shared*: it borrows a
 broker connection per request from the node's pool (:mod:`proxy.upstream_pool`)
 and gives it back at the answer; its first other request binds it to one for
@@ -79,7 +81,7 @@ class Pair:
 
     __slots__ = ("registry", "listener", "client", "upstream", "codec", "closed", "draining", "peer", "upstream_addr",
                  "_pending", "tap", "splice", "group", "drain", "tls", "turn", "elsewhere", "reusable", "shared",
-                 "acquiring", "attached")
+                 "acquiring", "attached", "lazy")
     _ids = itertools.count()
 
     def __init__(self, registry: ConnectionRegistry, listener: int) -> None:
@@ -116,6 +118,10 @@ class Pair:
         # or gets, for good. An idle client costs the broker no connection, and a reconnect storm
         # of clients that only ask is carried by a few broker connections.
         self.shared = registry.shares_upstream(listener)
+        # Not shared, but connected to its broker only at its first request the node does not
+        # answer itself (proxy.local_answers: ApiVersions, every client's first): a client that only
+        # asked ApiVersions costs the broker nothing; from the first other request it is bound.
+        self.lazy = not self.shared and registry.answers_locally(listener)
         self.acquiring = False  # getting a broker connection (ConnectionRegistry.acquire)
         self.attached = False  # had a broker connection once (the drain's timers start at the first)
         if registry.tap_dir:
@@ -255,7 +261,7 @@ class ClientSide(asyncio.BufferedProtocol):
         pair.client = transport  # type: ignore[assignment]
         pair.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         transport.set_write_buffer_limits(high=registry.limits.high_water_bytes)
-        if pair.shared:
+        if pair.shared or pair.lazy:
             pair.codec.responses.observer = pair.learned
         else:
             transport.pause_reading()  # until the upstream connection is made
@@ -296,7 +302,8 @@ class ClientSide(asyncio.BufferedProtocol):
                         self._send_to_coordinator_lookup(pair)
                         return
         upstream = pair.upstream
-        if upstream is None and pair.shared and not pair._pending and len(headers) == 1 \
+        if upstream is None and (pair.shared or pair.lazy) and not pair.acquiring and not pair._pending \
+                and len(headers) == 1 \
                 and headers[0].api_key == API_VERSIONS and self._answer(pair, headers[0].api_version,
                                                                         headers[0].correlation_id):
             return
@@ -317,9 +324,10 @@ class ClientSide(asyncio.BufferedProtocol):
                 pair.client.pause_reading()
 
     def _answer(self, pair: Pair, api_version: int, correlation_id: int) -> bool:
-        """Answer a shared connection's ApiVersions request (the whole of what the client sent
-        since its last answer) from the answer kept for its listener (proxy.local_answers), if
-        there is one: no broker connection is borrowed."""
+        """Answer the ApiVersions request of a connection without a broker connection (shared, or
+        lazy and not connected yet; the request is the whole of what the client sent since its last
+        answer) from the answer kept for its listener (proxy.local_answers), if there is one: no
+        broker connection is borrowed or made."""
         codec = pair.codec
         if not codec.requests.at_frame_boundary or len(codec.table) != 1:
             return False

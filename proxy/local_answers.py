@@ -1,19 +1,22 @@
 """ApiVersions answered by the node from the broker's last answer (sans-IO).
 
 Every Kafka client connection asks ApiVersions first, and a broker sends the
-same answer every time: with ``limits.share_upstream`` a client connection
-that has only asked holds no broker connection (:mod:`proxy.connection`), and
-its ApiVersions would borrow one for an answer the node has already seen. The
-node keeps the last answer (clamped, proxy.rewrite) per listener and request
-version, learned from a borrowed exchange, and answers the next ones itself
-for ``limits.api_versions_answer_s`` (5 s: short enough that a broker restarted
+same answer every time. A client connection connects to its broker only at its
+first request the node does not answer itself (``Pair.lazy``; or, with
+``limits.share_upstream``, borrows a broker connection per request while it
+only asks; :mod:`proxy.connection`): in a reconnect storm every connection asks
+ApiVersions first, and a client that asks nothing else (an idle one) costs the
+broker no connection and the node no connect. The node keeps the last answer
+(clamped, proxy.rewrite) per listener and request version, learned from an
+exchange with the broker, and answers the next ones itself for
+``limits.api_versions_answer_s`` (5 s: short enough that a broker restarted
 with another version is seen within seconds, long enough that a reconnect
 storm's thousands of ApiVersions cost the broker a handful of requests); an
-expired answer is asked of the broker again, 0 answers none. A
-listener of a broker identity has one broker behind it, so an answer never
-comes from another broker than the one the client will talk to (a rolling
-upgrade may run brokers with different versions); the bootstrap listener's
-connections are served by any broker anyway.
+expired answer is asked of the broker again; 0 answers none. A listener of a
+broker identity has one broker behind it, so an answer never comes from
+another broker than the one the client talks to (a rolling upgrade may run
+brokers of different versions); the bootstrap listener's connections are
+served by any broker anyway.
 
 Only successful answers are kept (an UNSUPPORTED_VERSION answer depends on the
 version asked and is rare). The broker never sees such a request: it is told

@@ -104,7 +104,7 @@ class ConnectionRegistry:
         # Broker connections that clients left at a request boundary, for the next ones (proxy.upstream_pool).
         self.pool = UpstreamPool(limits.bootstrap_pool, on_reuse=metrics.upstream_reused.inc)
         self.clients_log_in = False  # the data path's: the brokers authenticate clients (SASL)
-        # ApiVersions answers kept for shared connections (proxy.local_answers).
+        # ApiVersions answers kept for connections without a broker connection (proxy.local_answers).
         self.answers = LocalAnswers(clock, limits.api_versions_answer_s)
         self.connect: Callable[[Pair], Awaitable[None]] | None = None
         self.take_kept: Callable[[Pair], bool] | None = None
@@ -153,6 +153,15 @@ class ConnectionRegistry:
         second."""
         return self.limits.share_upstream and not self.clients_log_in and self.pool.per_address > 0
 
+    def answers_locally(self, listener: int) -> bool:
+        """Does a connection on ``listener`` get ApiVersions from the broker's last answer
+        (proxy.local_answers, ``limits.api_versions_answer_s``) and connect to its broker at its
+        first other request (proxy.connection.Pair.lazy)? On a broker identity's listener (one
+        broker behind it: the answer is that broker's), not on the bootstrap one (any broker
+        serves it, and its connections take a kept broker connection at accept); not where the node
+        logs in to the brokers for the clients (``[security.upstream_sasl]``)."""
+        return listener != BOOTSTRAP and self.limits.api_versions_answer_s > 0 and not self.clients_log_in
+
     def keep_upstream(self, pair: Pair) -> bool:
         """``pair``'s client left at a request boundary: keep its broker connection (True), or not."""
         assert pair.upstream is not None and pair.upstream_addr is not None
@@ -180,7 +189,7 @@ class ConnectionRegistry:
         for action in self.node_drain.accepted():
             pair.close(action.reason)
             return
-        if not pair.shared:  # a shared connection gets a broker connection at its first request
+        if not pair.shared and not pair.lazy:  # the others get a broker connection at their first request
             self.acquire(pair)
 
     def acquire(self, pair: Pair) -> None:

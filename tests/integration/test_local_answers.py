@@ -1,5 +1,7 @@
 """ApiVersions answered by the node from the broker's last answer (proxy.local_answers), against
-the real cluster: one node, one worker, ``limits.share_upstream`` on, on 127.0.0.83."""
+the real cluster: one node, one worker, on 127.0.0.83; by default (a connection connects to its
+broker at its first other request, ``Pair.lazy``) and with ``limits.share_upstream`` (it borrows
+one per request while it only asks)."""
 
 from __future__ import annotations
 
@@ -27,16 +29,28 @@ REUSED = 'kproxy_upstream_reused_total{node="p1"}'
 _LEN = struct.Struct(">i")
 
 
-@pytest.fixture(scope="module")
-def answering_node(kafka_cluster, tmp_path_factory):
+@pytest.fixture(scope="module", params=["lazy", "shared"])
+def answering_node(request, kafka_cluster, tmp_path_factory):
     from chaos.testbed.proxies import NodeProcess, fleet_config
 
     d = tmp_path_factory.mktemp("answers")
     # Kept a minute: no answer expires during the test, so which requests reach a broker is decided.
+    limits = {"share_upstream": request.param == "shared", "api_versions_answer_s": 60}
     cfg = fleet_config(d / "fleet.toml", kafka_cluster.bootstrap, 1, first_ip=83, fleet=False, workers=1,
-                       extra={"limits": {"share_upstream": True, "api_versions_answer_s": 60}})
+                       extra={"limits": limits})
     with NodeProcess(cfg, "p1", HOST, 9400, d / "p1.log").running() as node:
+        node.mode = request.param
         yield node
+
+
+def _upstream_connections(node, kafka_cluster) -> int:  # type: ignore[no-untyped-def]
+    """The node's (its processes') established connections to the brokers."""
+    import psutil
+
+    brokers = {(h, int(p)) for h, _, p in (a.rpartition(":") for a in kafka_cluster.bootstrap)}
+    root = psutil.Process(node.pid)
+    return sum(1 for proc in [root, *root.children(recursive=True)] for c in proc.net_connections("tcp4")
+               if c.status == psutil.CONN_ESTABLISHED and c.raddr and (c.raddr.ip, c.raddr.port) in brokers)
 
 
 def _metric(node, name: str) -> float:  # type: ignore[no-untyped-def]
@@ -65,15 +79,17 @@ def _broker_port(node) -> int:  # type: ignore[no-untyped-def]
 
 
 def test_api_versions_of_new_connections_are_answered_by_the_node_and_the_next_requests_still_reach_the_broker(
-        answering_node):
+        answering_node, kafka_cluster):
     node = answering_node
     port = _broker_port(node)
     first_answered = _metric(node, ANSWERED)
     with socket.create_connection((HOST, port), timeout=10) as s:
         learned = _versions(s, 1)  # nothing kept for this listener yet: the broker answers
     assert _metric(node, ANSWERED) == first_answered
+    wait_for(lambda: _metric(node, 'kproxy_connections_active{node="p1"}') == 0, "the node's clients gone", 10)
 
     reused = _metric(node, REUSED)
+    upstream = _upstream_connections(node, kafka_cluster)
     held = []
     try:
         for k in range(20):
@@ -83,21 +99,28 @@ def test_api_versions_of_new_connections_are_answered_by_the_node_and_the_next_r
             # The broker's answer, byte for byte, but for the correlation id (bytes 4-8 of the frame).
             assert frame[:4] + frame[8:] == learned[:4] + learned[8:]
         assert _metric(node, ANSWERED) == first_answered + 20
-        assert _metric(node, REUSED) == reused  # no broker connection was borrowed for them
-        # The connections go on: a Metadata request borrows a broker connection and gets its own
-        # answer, then ApiVersions again is answered by the node.
+        assert _metric(node, REUSED) == reused  # no broker connection was borrowed for them ...
+        assert _upstream_connections(node, kafka_cluster) <= upstream  # ... nor made (20 before the change)
+        # The connections go on: a Metadata request reaches the broker (lazy: over a broker connection
+        # made for it, for good; shared: one borrowed) and gets its own answer.
         s = held[0]
         s.sendall(request_frame(make(MetadataRequest, topics=(), allow_auto_topic_creation=False), 5000))
         correlation, body = decode_response(MetadataResponse, read_frame(s))
         assert correlation == 5000 and {b.host for b in body.brokers} == {HOST}
-        _versions(s, 5001)
-        assert _metric(node, ANSWERED) == first_answered + 21
+        if node.mode == "lazy":
+            wait_for(lambda: _upstream_connections(node, kafka_cluster) == upstream + 1, "its broker connection", 10)
+            _versions(s, 5001)  # over that connection now: the broker answers
+            assert _metric(node, ANSWERED) == first_answered + 20
+        else:
+            _versions(s, 5001)  # between exchanges again: the node answers
+            assert _metric(node, ANSWERED) == first_answered + 21
     finally:
         for s in held:
             s.close()
 
     # Another version of the request has its own answer: the first goes to the broker.
-    for k, expected in ((0, first_answered + 21), (1, first_answered + 22)):
+    answered = _metric(node, ANSWERED)
+    for k, expected in ((0, answered), (1, answered + 1)):
         with socket.create_connection((HOST, port), timeout=10) as s:
             s.sendall(request_frame(make(ApiVersionsRequestV0), 7000 + k))
             correlation, body = decode_response(ApiVersionsResponseV0, read_frame(s))

@@ -283,8 +283,13 @@ def test_a_live_peers_link_stuck_in_backoff_is_reset_and_made_again(monkeypatch)
         # a (the smaller address) never connects: its reset's RST makes b connect anew.
         b_address = configs["b"].me.raft_address
         a_transport = getattr(rafts["a"], "_SyncObj__transport")
-        incoming = next(c for n, c in a_transport._connections.items() if n.address == b_address)
-        stuck.add(incoming._TcpConnection__socket.fileno())
+
+        def incoming_socket():  # a's side of b's new connection, once a has taken it (its own loop)
+            conns = [c for n, c in a_transport._connections.items() if n.address == b_address]
+            return conns[0]._TcpConnection__socket if conns else None
+
+        wait_until("a holds b's new connection", lambda: incoming_socket() is not None, timeout=5)
+        stuck.add(incoming_socket().fileno())
         before = len(seen)
         assert rafts["a"].keep_links_open([b_address]) == 0
         stuck.clear()

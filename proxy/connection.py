@@ -128,10 +128,13 @@ class Pair:
             self.tap = Tap(f"{registry.tap_dir}/{registry.node_id}-{os.getpid()}-{next(self._ids)}.bin")
 
     def learned(self, api_key: int, api_version: int, pieces: Iterable[bytes | memoryview]) -> None:
-        """A response the rewriter handled (the codec's observer while the pair is shared):
-        ApiVersions answers are kept for the next clients (proxy.local_answers)."""
+        """A response the rewriter handled (the codec's observer; a lazy pair's first only, most
+        often its ApiVersions answer: no call per response for the rest of its life): ApiVersions
+        answers are kept for the next clients (proxy.local_answers)."""
         if api_key == API_VERSIONS:
             self.registry.answers.learn(self.listener, api_key, api_version, pieces)
+        if not self.shared:
+            self.codec.responses.observer = None
 
     def close(self, reason: str, *, level: int = logging.DEBUG, client_left: bool = False) -> None:
         """``client_left``: the client closed its side; a reusable pair at a request boundary

@@ -20,6 +20,7 @@ from kio.schema.metadata.v12.response import MetadataResponse
 
 from chaos.bench.frames import decode_response, make, request_frame
 from proxy import sasl
+from tests.node_probes import metric, upstream_connections
 from tests.sockets import read_frame
 from tests.waiting import wait_for
 
@@ -42,15 +43,11 @@ def pool_node(kafka_cluster, tmp_path_factory):
         yield node
 
 
-def _metric(node, name: str) -> float:  # type: ignore[no-untyped-def]
-    lines = [x for x in node.get("/metrics").text.splitlines() if x.startswith(name)]
-    assert len(lines) == 1, (name, lines)
-    return float(lines[0].rsplit(" ", 1)[1])
 
 
 def _gone(node) -> None:  # type: ignore[no-untyped-def]
     """Wait until the node dropped every client (and so kept or closed its broker connection)."""
-    wait_for(lambda: _metric(node, 'kproxy_connections_active{node="p1"}') == 0, "the node's clients gone", 10)
+    wait_for(lambda: metric(node, 'kproxy_connections_active{node="p1"}') == 0, "the node's clients gone", 10)
 
 
 def _metadata_client(node) -> list[tuple[int, str, int]]:  # type: ignore[no-untyped-def]
@@ -67,53 +64,42 @@ def _metadata_client(node) -> list[tuple[int, str, int]]:  # type: ignore[no-unt
 
 def test_sequential_bootstrap_clients_share_one_broker_connection(pool_node, kafka_cluster):
     _gone(pool_node)
-    before = _metric(pool_node, REUSED)
+    before = metric(pool_node, REUSED)
     answers = [_metadata_client(pool_node) for _ in range(6)]
     # Every client got the whole cluster at this node's address, whichever connection carried it.
     assert answers[0] and all(a == answers[0] for a in answers)
     assert {host for _, host, _ in answers[0]} == {HOST}
     assert len(answers[0]) == len(kafka_cluster.bootstrap)
     # The first may have found a kept connection too (an earlier test's); the next five did.
-    assert _metric(pool_node, REUSED) - before >= 5
+    assert metric(pool_node, REUSED) - before >= 5
 
 
 def test_a_connection_that_carried_sasl_or_half_a_request_is_never_kept(pool_node):
     _metadata_client(pool_node)  # leaves one kept connection, the only one (each client waited for the last)
-    before = _metric(pool_node, REUSED)
+    before = metric(pool_node, REUSED)
     # A SASL exchange: this broker listener has no SASL and answers with an error, but it is the
     # request that matters: on a SASL listener the broker would have authenticated this client.
     with socket.create_connection(BOOTSTRAP, timeout=10) as s:
         s.sendall(sasl.handshake_request("PLAIN", 7))
         assert read_frame(s)  # answered: the request went through the kept connection
     _gone(pool_node)
-    assert _metric(pool_node, REUSED) - before == 1  # it took the kept one ...
+    assert metric(pool_node, REUSED) - before == 1  # it took the kept one ...
     # ... which was not given back: the next client's ApiVersions connects, its Metadata takes the
     # connection the ApiVersions exchange gave back (a client that only asks borrows per request).
     _metadata_client(pool_node)
-    assert _metric(pool_node, REUSED) - before == 2
+    assert metric(pool_node, REUSED) - before == 2
     _metadata_client(pool_node)
-    assert _metric(pool_node, REUSED) - before == 4  # the kept one twice
+    assert metric(pool_node, REUSED) - before == 4  # the kept one twice
     # Half a request, then the client leaves: the broker holds the other half's place.
     with socket.create_connection(BOOTSTRAP, timeout=10) as s:
         frame = request_frame(make(MetadataRequest, topics=(), allow_auto_topic_creation=False), 3)
         s.sendall(frame[: len(frame) // 2])
-        wait_for(lambda: _metric(pool_node, REUSED) - before == 5, "the half-request client took the kept one", 10)
+        wait_for(lambda: metric(pool_node, REUSED) - before == 5, "the half-request client took the kept one", 10)
     _gone(pool_node)
     _metadata_client(pool_node)
-    assert _metric(pool_node, REUSED) - before == 6  # not given back: a connect, then the Metadata's reuse
+    assert metric(pool_node, REUSED) - before == 6  # not given back: a connect, then the Metadata's reuse
 
 
-def _upstream_connections(node, kafka_cluster) -> int:  # type: ignore[no-untyped-def]
-    """The node's (its processes') established connections to the brokers."""
-    import psutil
-
-    brokers = {(h, int(p)) for h, _, p in (a.rpartition(":") for a in kafka_cluster.bootstrap)}
-    root = psutil.Process(node.pid)
-    count = 0
-    for proc in [root, *root.children(recursive=True)]:
-        count += sum(1 for c in proc.net_connections("tcp4") if c.status == psutil.CONN_ESTABLISHED
-                     and c.raddr and (c.raddr.ip, c.raddr.port) in brokers)
-    return count
 
 
 def _ask(s: socket.socket, body, correlation_id: int, response_type: type):  # type: ignore[no-untyped-def]
@@ -134,7 +120,7 @@ def test_clients_that_only_ask_hold_no_broker_connection_and_the_first_other_req
     brokers = _metadata_client(pool_node)
     node_id, host, port = brokers[0]
     assert host == HOST
-    before = _upstream_connections(pool_node, kafka_cluster)
+    before = upstream_connections(pool_node, kafka_cluster.bootstrap)
     held: list[socket.socket] = []
     try:
         for k in range(40):
@@ -146,21 +132,21 @@ def test_clients_that_only_ask_hold_no_broker_connection_and_the_first_other_req
             metadata = _ask(s, make(MetadataRequest, topics=(), allow_auto_topic_creation=False), 10 * k + 2,
                             MetadataResponse)
             assert {(int(b.node_id), b.host, int(b.port)) for b in metadata.brokers} == set(brokers)
-        assert len(held) == 40 and _metric(pool_node, 'kproxy_connections_active{node="p1"}') >= 40
-        grown = _upstream_connections(pool_node, kafka_cluster) - before
+        assert len(held) == 40 and metric(pool_node, 'kproxy_connections_active{node="p1"}') >= 40
+        grown = upstream_connections(pool_node, kafka_cluster.bootstrap) - before
         assert grown <= 8, f"{grown} more broker connections for 40 clients that only asked"  # limits.bootstrap_pool
 
         shared, bound = held[0], held[1]
         metadata = make(MetadataRequest, topics=(), allow_auto_topic_creation=False)
-        reused = _metric(pool_node, REUSED)
+        reused = metric(pool_node, REUSED)
         _ask(shared, metadata, 1001, MetadataResponse)
-        assert _metric(pool_node, REUSED) == reused + 1  # borrowed a kept connection, gave it back
+        assert metric(pool_node, REUSED) == reused + 1  # borrowed a kept connection, gave it back
         groups = _ask(bound, make(ListGroupsRequest, states_filter=(), types_filter=()), 1002, ListGroupsResponse)
         assert int(groups.error_code) == 0
-        assert _metric(pool_node, REUSED) == reused + 2  # took a kept one, for good now
+        assert metric(pool_node, REUSED) == reused + 2  # took a kept one, for good now
         for c in range(3):
             _ask(bound, metadata, 1003 + c, MetadataResponse)
-        assert _metric(pool_node, REUSED) == reused + 2  # over its own connection
+        assert metric(pool_node, REUSED) == reused + 2  # over its own connection
     finally:
         for s in held:
             s.close()

@@ -17,6 +17,7 @@ from kio.schema.metadata.v12.request import MetadataRequest
 from kio.schema.metadata.v12.response import MetadataResponse
 
 from chaos.bench.frames import decode_response, make, request_frame
+from tests.node_probes import metric, upstream_connections
 from tests.sockets import read_frame
 from tests.waiting import wait_for
 
@@ -43,20 +44,8 @@ def answering_node(request, kafka_cluster, tmp_path_factory):
         yield node
 
 
-def _upstream_connections(node, kafka_cluster) -> int:  # type: ignore[no-untyped-def]
-    """The node's (its processes') established connections to the brokers."""
-    import psutil
-
-    brokers = {(h, int(p)) for h, _, p in (a.rpartition(":") for a in kafka_cluster.bootstrap)}
-    root = psutil.Process(node.pid)
-    return sum(1 for proc in [root, *root.children(recursive=True)] for c in proc.net_connections("tcp4")
-               if c.status == psutil.CONN_ESTABLISHED and c.raddr and (c.raddr.ip, c.raddr.port) in brokers)
 
 
-def _metric(node, name: str) -> float:  # type: ignore[no-untyped-def]
-    lines = [x for x in node.get("/metrics").text.splitlines() if x.startswith(name)]
-    assert len(lines) == 1, (name, lines)
-    return float(lines[0].rsplit(" ", 1)[1])
 
 
 def _versions(s: socket.socket, correlation_id: int) -> bytes:
@@ -82,14 +71,14 @@ def test_api_versions_of_new_connections_are_answered_by_the_node_and_the_next_r
         answering_node, kafka_cluster):
     node = answering_node
     port = _broker_port(node)
-    first_answered = _metric(node, ANSWERED)
+    first_answered = metric(node, ANSWERED)
     with socket.create_connection((HOST, port), timeout=10) as s:
         learned = _versions(s, 1)  # nothing kept for this listener yet: the broker answers
-    assert _metric(node, ANSWERED) == first_answered
-    wait_for(lambda: _metric(node, 'kproxy_connections_active{node="p1"}') == 0, "the node's clients gone", 10)
+    assert metric(node, ANSWERED) == first_answered
+    wait_for(lambda: metric(node, 'kproxy_connections_active{node="p1"}') == 0, "the node's clients gone", 10)
 
-    reused = _metric(node, REUSED)
-    upstream = _upstream_connections(node, kafka_cluster)
+    reused = metric(node, REUSED)
+    upstream = upstream_connections(node, kafka_cluster.bootstrap)
     held = []
     try:
         for k in range(20):
@@ -98,9 +87,9 @@ def test_api_versions_of_new_connections_are_answered_by_the_node_and_the_next_r
             frame = _versions(s, 1000 + k)
             # The broker's answer, byte for byte, but for the correlation id (bytes 4-8 of the frame).
             assert frame[:4] + frame[8:] == learned[:4] + learned[8:]
-        assert _metric(node, ANSWERED) == first_answered + 20
-        assert _metric(node, REUSED) == reused  # no broker connection was borrowed for them ...
-        assert _upstream_connections(node, kafka_cluster) <= upstream  # ... nor made (20 before the change)
+        assert metric(node, ANSWERED) == first_answered + 20
+        assert metric(node, REUSED) == reused  # no broker connection was borrowed for them ...
+        assert upstream_connections(node, kafka_cluster.bootstrap) <= upstream  # ... nor made (20 before the change)
         # The connections go on: a Metadata request reaches the broker (lazy: over a broker connection
         # made for it, for good; shared: one borrowed) and gets its own answer.
         s = held[0]
@@ -108,25 +97,25 @@ def test_api_versions_of_new_connections_are_answered_by_the_node_and_the_next_r
         correlation, body = decode_response(MetadataResponse, read_frame(s))
         assert correlation == 5000 and {b.host for b in body.brokers} == {HOST}
         if node.mode == "lazy":
-            wait_for(lambda: _upstream_connections(node, kafka_cluster) == upstream + 1, "its broker connection", 10)
+            wait_for(lambda: upstream_connections(node, kafka_cluster.bootstrap) == upstream + 1, "its broker connection", 10)
             _versions(s, 5001)  # over that connection now: the broker answers
-            assert _metric(node, ANSWERED) == first_answered + 20
+            assert metric(node, ANSWERED) == first_answered + 20
         else:
             _versions(s, 5001)  # between exchanges again: the node answers
-            assert _metric(node, ANSWERED) == first_answered + 21
+            assert metric(node, ANSWERED) == first_answered + 21
     finally:
         for s in held:
             s.close()
 
     # Another version of the request has its own answer: the first goes to the broker.
-    answered = _metric(node, ANSWERED)
+    answered = metric(node, ANSWERED)
     for k, expected in ((0, answered), (1, answered + 1)):
         with socket.create_connection((HOST, port), timeout=10) as s:
             s.sendall(request_frame(make(ApiVersionsRequestV0), 7000 + k))
             correlation, body = decode_response(ApiVersionsResponseV0, read_frame(s))
             assert correlation == 7000 + k and int(body.error_code) == 0 and len(body.api_keys) > 10
-        assert _metric(node, ANSWERED) == expected
-    wait_for(lambda: _metric(node, 'kproxy_connections_active{node="p1"}') == 0, "the node's clients gone", 10)
+        assert metric(node, ANSWERED) == expected
+    wait_for(lambda: metric(node, 'kproxy_connections_active{node="p1"}') == 0, "the node's clients gone", 10)
 
 
 def test_api_versions_pipelined_with_another_request_go_to_the_broker(answering_node):
@@ -136,10 +125,10 @@ def test_api_versions_pipelined_with_another_request_go_to_the_broker(answering_
     port = _broker_port(node)
     with socket.create_connection((HOST, port), timeout=10) as s:
         _versions(s, 1)  # learned, if it was not
-    answered = _metric(node, ANSWERED)
+    answered = metric(node, ANSWERED)
     with socket.create_connection((HOST, port), timeout=10) as s:
         s.sendall(request_frame(make(ApiVersionsRequest, client_software_name="t", client_software_version="1"), 11)
                   + request_frame(make(MetadataRequest, topics=(), allow_auto_topic_creation=False), 12))
         assert decode_response(ApiVersionsResponse, read_frame(s))[0] == 11
         assert decode_response(MetadataResponse, read_frame(s))[0] == 12
-    assert _metric(node, ANSWERED) == answered
+    assert metric(node, ANSWERED) == answered

@@ -56,7 +56,7 @@ class ProxyMetrics:
         self.local_answers = Counter(
             "kproxy_local_answers",
             "ApiVersions requests the node answered itself from the broker's last answer, without a broker "
-            "connection (limits.share_upstream; proxy.local_answers)", labels, registry=self.registry).labels(node_id)
+            "connection (limits.api_versions_answer_s; proxy.local_answers)", labels, registry=self.registry).labels(node_id)
         self.drained = Counter("kproxy_connections_drained", "Client connections closed to move them", labels,
                                registry=self.registry)
         self.drain_deferred = Counter("kproxy_drain_close_deferred",

@@ -180,7 +180,8 @@ class ConnectionRegistry:
         return False
 
     def accept(self, pair: Pair) -> None:
-        """A client connected (its reads paused): count it, then refuse it or connect it upstream."""
+        """A client connected: count it, then refuse it, or connect it upstream (its reads paused meanwhile)
+        unless it gets its broker connection at its first request (shared or lazy: proxy.connection)."""
         self.pairs.add(pair)
         if self.on_change is not None:
             self.on_change()

@@ -4,8 +4,9 @@ A client connection on broker B's port is paired (:class:`Pair`) with one
 upstream connection to broker B; the bootstrap port pairs with any live
 broker. On a broker's port the upstream connection is made at the client's
 first request the node does not answer itself (ApiVersions is answered from the
-broker's last answer: :mod:`proxy.local_answers`, ``Pair.lazy``). With ``limits.share_upstream``, while the client has only asked
-(ApiVersions, Metadata, FindCoordinator) the pair is *shared*: it borrows a
+broker's last answer: :mod:`proxy.local_answers`, ``Pair.lazy``). With
+``limits.share_upstream``, while the client has only asked (ApiVersions,
+Metadata, FindCoordinator) the pair is *shared*: it borrows a
 broker connection per request from the node's pool (:mod:`proxy.upstream_pool`)
 and gives it back at the answer; its first other request binds it to one for
 good. Per pair, a :class:`proxy.codec.ConnectionCodec` (sans-IO) observes
@@ -32,7 +33,7 @@ import logging
 import os
 import socket
 import struct
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
 from proxy.buffers import ReadBuffers, read_buffers
@@ -127,7 +128,7 @@ class Pair:
         if registry.tap_dir:
             self.tap = Tap(f"{registry.tap_dir}/{registry.node_id}-{os.getpid()}-{next(self._ids)}.bin")
 
-    def learned(self, api_key: int, api_version: int, pieces: Iterable[bytes | memoryview]) -> None:
+    def learned(self, api_key: int, api_version: int, pieces: Sequence[bytes | memoryview]) -> None:
         """A response the rewriter handled (the codec's observer; a lazy pair's first only, most
         often its ApiVersions answer: no call per response for the rest of its life): ApiVersions
         answers are kept for the next clients (proxy.local_answers)."""

@@ -131,9 +131,8 @@ class Pair:
     def learned(self, api_key: int, api_version: int, pieces: Sequence[bytes | memoryview]) -> None:
         """A response the rewriter handled (the codec's observer; a lazy pair's first only, most
         often its ApiVersions answer: no call per response for the rest of its life): ApiVersions
-        answers are kept for the next clients (proxy.local_answers)."""
-        if api_key == API_VERSIONS:
-            self.registry.answers.learn(self.listener, api_key, api_version, pieces)
+        answers are kept for the next clients (proxy.local_answers, which tells them apart)."""
+        self.registry.answers.learn(self.listener, api_key, api_version, pieces)
         if not self.shared:
             self.codec.responses.observer = None
 

@@ -43,6 +43,7 @@ test keeps it complete)::
     bootstrap_pool = 8                   # idle broker connections kept per broker for the next client (proxy.upstream_pool); 0: none
     share_upstream = false               # a client connection that only asks borrows a broker connection per request
     api_versions_answer_s = 5.0          # ApiVersions answered by the node from the broker's last answer this long, broker connection at the first other request; 0: never
+    coalesce_metadata = true             # identical Metadata requests asked at once get one broker round trip
 
     [logging]
     level = "INFO"
@@ -188,6 +189,7 @@ class Limits:
     bootstrap_pool: int = DEFAULT_BOOTSTRAP_POOL
     share_upstream: bool = False
     api_versions_answer_s: float = DEFAULT_API_VERSIONS_ANSWER_S
+    coalesce_metadata: bool = True
 
 
 @attrs.frozen
@@ -456,6 +458,7 @@ def _parse_limits(limits_raw: Mapping[str, Any]) -> Limits:
         share_upstream=_get(limits_raw, "share_upstream", "limits.share_upstream", bool, False),
         api_versions_answer_s=_get(limits_raw, "api_versions_answer_s", "limits.api_versions_answer_s", float,
                                    DEFAULT_API_VERSIONS_ANSWER_S),
+        coalesce_metadata=_get(limits_raw, "coalesce_metadata", "limits.coalesce_metadata", bool, True),
     )
     if limits.splice_min_bytes != 0 and not 4096 <= limits.splice_min_bytes <= 1 << 30:
         raise ConfigError("limits.splice_min_bytes", "must be 0 (never splice) or between 4 KiB and 1 GiB")

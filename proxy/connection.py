@@ -41,7 +41,7 @@ from proxy.codec import ConnectionCodec
 from proxy.config import HostPort
 from proxy.drain import GROUP_API_KEYS, ConnectionDrain
 from proxy.errors import ProtocolError, RewriteError
-from proxy.framing import API_VERSIONS
+from proxy.framing import API_VERSIONS, METADATA
 from proxy.splice import AVAILABLE as SPLICE_AVAILABLE
 from proxy.splice import Splice
 from proxy.tls import TLS_ESTABLISHED, TlsEndpoint, describe, start_server_tls
@@ -50,6 +50,8 @@ from proxy.upstream_pool import CONNECTION_BOUND_API_KEYS, SHAREABLE_API_KEYS
 if TYPE_CHECKING:
     from proxy.connect_pacing import Turn
     from proxy.registry import ConnectionRegistry
+    from proxy.request_tracker import RequestHeader
+    from proxy.single_flight import Flight
 
 log = logging.getLogger("kproxy.proxy")
 
@@ -82,7 +84,7 @@ class Pair:
 
     __slots__ = ("registry", "listener", "client", "upstream", "codec", "closed", "draining", "peer", "upstream_addr",
                  "_pending", "tap", "splice", "group", "drain", "tls", "turn", "elsewhere", "reusable", "shared",
-                 "acquiring", "attached", "lazy")
+                 "acquiring", "attached", "lazy", "flight", "joined")
     _ids = itertools.count()
 
     def __init__(self, registry: ConnectionRegistry, listener: int) -> None:
@@ -122,19 +124,73 @@ class Pair:
         # Not shared, but connected to its broker only at its first request the node does not
         # answer itself (proxy.local_answers: ApiVersions, every client's first): a client that only
         # asked ApiVersions costs the broker nothing; from the first other request it is bound.
-        self.lazy = not self.shared and registry.answers_locally(listener)
+        self.lazy = not self.shared and registry.connects_lazily(listener)
         self.acquiring = False  # getting a broker connection (ConnectionRegistry.acquire)
+        # proxy.single_flight: the flight its lone Metadata request leads (its answer is copied to
+        # the connections that joined), or the correlation id of the one it joined: until that
+        # flight lands, what it sends waits in _pending, its own request first.
+        self.flight: Flight[Pair] | None = None
+        self.joined: int | None = None
         self.attached = False  # had a broker connection once (the drain's timers start at the first)
         if registry.tap_dir:
             self.tap = Tap(f"{registry.tap_dir}/{registry.node_id}-{os.getpid()}-{next(self._ids)}.bin")
 
     def learned(self, api_key: int, api_version: int, pieces: Sequence[bytes | memoryview]) -> None:
         """A response the rewriter handled (the codec's observer; a lazy pair's first only, most
-        often its ApiVersions answer: no call per response for the rest of its life): ApiVersions
-        answers are kept for the next clients (proxy.local_answers, which tells them apart)."""
+        often its ApiVersions answer, and a flight leader's Metadata answer: no call per response
+        for the rest of its life): ApiVersions answers are kept for the next clients
+        (proxy.local_answers, which tells them apart); a flight's answer goes to the connections
+        that joined it (proxy.single_flight)."""
+        flight = self.flight
+        if flight is not None and api_key == METADATA:
+            self.flight = None
+            for waiter, frame in self.registry.flights.land(flight, pieces):
+                waiter.answered(frame)
         self.registry.answers.learn(self.listener, api_key, api_version, pieces)
         if not self.shared:
             self.codec.responses.observer = None
+
+    def answered(self, frame: bytes) -> None:
+        """The flight it joined landed: ``frame`` is its answer. Then what it sent meanwhile goes
+        to its broker (connected for it first if it has none)."""
+        correlation_id, self.joined = self.joined, None
+        if self.closed or correlation_id is None:
+            return
+        self.codec.table.pop(correlation_id)
+        registry = self.registry
+        registry.metrics.coalesced.inc()
+        client = self.client
+        assert client is not None
+        client.write(frame)
+        if self.tap is not None:
+            self.tap.writelines((frame,))
+        pending = self._pending
+        assert pending
+        del pending[0]  # its own request
+        self._send_pending()
+        if self.draining:
+            registry.drain_progress(self)
+
+    def ask_again(self) -> None:
+        """The flight it joined will not land (its leader's connection closed): its own request
+        goes to the broker after all."""
+        self.joined = None
+        if not self.closed:
+            self._send_pending()
+
+    def _send_pending(self) -> None:
+        pending = self._pending
+        if not pending:
+            return
+        upstream = self.upstream
+        if upstream is not None:
+            upstream.writelines(pending)
+            pending.clear()
+            client = self.client
+            if client is not None and not self.draining:
+                client.resume_reading()  # if it sent much meanwhile (ClientSide._hold)
+        elif not self.acquiring:
+            self.registry.acquire(self)
 
     def close(self, reason: str, *, level: int = logging.DEBUG, client_left: bool = False) -> None:
         """``client_left``: the client closed its side; a reusable pair at a request boundary
@@ -145,6 +201,10 @@ class Pair:
         if self.turn is not None:
             self.turn.abandon()
             self.turn = None
+        if self.flight is not None:  # no answer will come: the connections that joined ask for themselves
+            flight, self.flight = self.flight, None
+            for waiter in self.registry.flights.fail(flight):
+                waiter.ask_again()
         log.log(level, "closing connection", extra={"peer": self.peer, "listener": self.listener, "reason": reason})
         if (client_left and self.reusable and self.upstream is not None and self.splice is None
                 and self.codec.idle and self.codec.responses.stalled is None and self.registry.keep_upstream(self)):
@@ -265,7 +325,8 @@ class ClientSide(asyncio.BufferedProtocol):
         pair.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         transport.set_write_buffer_limits(high=registry.limits.high_water_bytes)
         if pair.shared or pair.lazy:
-            pair.codec.responses.observer = pair.learned
+            if pair.shared or registry.answers_locally(self.listener):  # else it learns no ApiVersions answer
+                pair.codec.responses.observer = pair.learned
         else:
             transport.pause_reading()  # until the upstream connection is made
         pair.elsewhere = not self.stand_in and registry.served_elsewhere(self.listener)
@@ -304,12 +365,18 @@ class ClientSide(asyncio.BufferedProtocol):
                             and self.registry.redirect_allowed(pair):
                         self._send_to_coordinator_lookup(pair)
                         return
-        upstream = pair.upstream
-        if upstream is None and (pair.shared or pair.lazy) and not pair.acquiring and not pair._pending \
-                and len(headers) == 1 \
-                and headers[0].api_key == API_VERSIONS and self._answer(pair, headers[0].api_version,
-                                                                        headers[0].correlation_id):
+        if pair.joined is not None:  # waiting for another connection's answer: what follows waits too
+            self._hold(pair, data)
             return
+        upstream = pair.upstream
+        if len(headers) == 1 and not pair.acquiring and not pair._pending:
+            api_key = headers[0].api_key
+            if api_key == METADATA:
+                if self._coalesce(pair, headers[0], data):
+                    return
+            elif upstream is None and api_key == API_VERSIONS and (pair.shared or pair.lazy) \
+                    and self._answer(pair, headers[0].api_version, headers[0].correlation_id):
+                return
         metrics.bytes_to_broker += nbytes
         if upstream is not None:
             upstream.write(data)
@@ -325,6 +392,36 @@ class ClientSide(asyncio.BufferedProtocol):
             # Reading goes on (a client that leaves is heard) unless it sends much meanwhile.
             if sum(map(len, pending)) >= self.registry.limits.high_water_bytes:
                 pair.client.pause_reading()
+
+    def _coalesce(self, pair: Pair, header: RequestHeader, data: memoryview) -> bool:
+        """A Metadata request, the whole of what the client sent since its last answer (nothing
+        else in flight, no response half written): join the flight of an identical request on its
+        way to a broker (True: it waits for that answer, proxy.single_flight), or lead a new one
+        (False: it goes to the broker as usual, and its answer is copied to those that join)."""
+        registry = self.registry
+        flights = registry.flights
+        codec = pair.codec
+        if (not flights.enabled or registry.clients_log_in or len(codec.table) != 1 or header.frame_size != len(data)
+                or not codec.requests.at_frame_boundary or not codec.responses.at_frame_boundary
+                or codec.responses.stalled is not None or pair.splice is not None):
+            return False
+        key = flights.key(pair.listener, header.api_version, data[4 + header.header_size:])
+        if flights.join(key, pair, header.correlation_id):
+            pair.joined = header.correlation_id
+            pair._pending = [bytes(data)]  # asked again if the flight fails (Pair.ask_again)
+            return True
+        pair.flight = flights.lead(key)
+        codec.responses.observer = pair.learned
+        return False
+
+    def _hold(self, pair: Pair, data: memoryview) -> None:
+        """``pair`` waits for a flight's answer: ``data`` goes to its broker after it."""
+        pending = pair._pending
+        assert pending is not None
+        pending.append(bytes(data))
+        self.registry.metrics.bytes_to_broker += len(data)
+        if sum(map(len, pending)) >= self.registry.limits.high_water_bytes:
+            pair.client.pause_reading()
 
     def _answer(self, pair: Pair, api_version: int, correlation_id: int) -> bool:
         """Answer the ApiVersions request of a connection without a broker connection (shared, or

@@ -46,6 +46,7 @@ DEFAULT_MAX_FRAME_SIZE: Final = 104_857_600
 DEFAULT_MAX_IN_FLIGHT: Final = 1_000_000
 
 PRODUCE: Final = 0
+METADATA: Final = 3
 API_VERSIONS: Final = 18
 # Error code a broker answers an ApiVersions request it cannot parse with; the
 # response then has a v0 body whatever version was asked (KIP-511).

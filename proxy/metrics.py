@@ -57,6 +57,11 @@ class ProxyMetrics:
             "kproxy_local_answers",
             "ApiVersions requests the node answered itself from the broker's last answer, without a broker "
             "connection (limits.api_versions_answer_s; proxy.local_answers)", labels, registry=self.registry).labels(node_id)
+        self.coalesced = Counter(
+            "kproxy_coalesced_requests",
+            "Metadata requests answered with a copy of an identical request's answer, asked at the same time "
+            "on the same listener: no broker round trip of their own (limits.coalesce_metadata; "
+            "proxy.single_flight)", labels, registry=self.registry).labels(node_id)
         self.drained = Counter("kproxy_connections_drained", "Client connections closed to move them", labels,
                                registry=self.registry)
         self.drain_deferred = Counter("kproxy_drain_close_deferred",

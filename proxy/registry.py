@@ -38,6 +38,7 @@ from proxy.drain import (
 )
 from proxy.errors import UnknownBroker
 from proxy.local_answers import LocalAnswers
+from proxy.single_flight import Flights
 from proxy.metrics import ProxyMetrics
 from proxy.rewrite import ResponseRewriter
 from proxy.upstream_pool import UpstreamPool
@@ -106,6 +107,8 @@ class ConnectionRegistry:
         self.clients_log_in = False  # the data path's: the brokers authenticate clients (SASL)
         # ApiVersions answers kept for connections without a broker connection (proxy.local_answers).
         self.answers = LocalAnswers(clock, limits.api_versions_answer_s)
+        # Identical Metadata requests on their way to a broker (proxy.single_flight).
+        self.flights: Flights[Pair] = Flights(limits.coalesce_metadata)
         self.connect: Callable[[Pair], Awaitable[None]] | None = None
         self.take_kept: Callable[[Pair], bool] | None = None
         self.unstall: Callable[[Pair, UnknownBroker], Awaitable[None]] | None = None
@@ -120,6 +123,7 @@ class ConnectionRegistry:
         cap and rate from the next connection on. Connections held keep their settings."""
         self.limits = limits
         self.answers.retune(limits.api_versions_answer_s)
+        self.flights.retune(limits.coalesce_metadata)
         self.admission.retune(min(limits.max_connections, max_connections or limits.max_connections),
                               limits.accepts_per_source_per_s)
 
@@ -161,6 +165,15 @@ class ConnectionRegistry:
         serves it, and its connections take a kept broker connection at accept); not where the node
         logs in to the brokers for the clients (``[security.upstream_sasl]``)."""
         return listener != BOOTSTRAP and self.limits.api_versions_answer_s > 0 and not self.clients_log_in
+
+    def connects_lazily(self, listener: int) -> bool:
+        """Does a connection on ``listener`` connect to its broker only at its first request the node
+        does not answer itself (proxy.connection.Pair.lazy)? Where ApiVersions is answered locally
+        (:meth:`answers_locally`), and on the bootstrap port where Metadata requests are coalesced
+        (a bootstrapping client that asks Metadata first may get a copy of another one's answer,
+        proxy.single_flight: it needs no broker connection)."""
+        return self.answers_locally(listener) or (listener == BOOTSTRAP and self.limits.coalesce_metadata
+                                                  and not self.clients_log_in)
 
     def keep_upstream(self, pair: Pair) -> bool:
         """``pair``'s client left at a request boundary: keep its broker connection (True), or not."""

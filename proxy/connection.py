@@ -4,7 +4,10 @@ A client connection on broker B's port is paired (:class:`Pair`) with one
 upstream connection to broker B; the bootstrap port pairs with any live
 broker. On a broker's port the upstream connection is made at the client's
 first request the node does not answer itself (ApiVersions is answered from the
-broker's last answer: :mod:`proxy.local_answers`, ``Pair.lazy``). With
+broker's last answer: :mod:`proxy.local_answers`, ``Pair.lazy``; so is a
+bootstrap connection while Metadata requests are coalesced). A Metadata request
+that is all a connection has outstanding joins an identical one on its way to a
+broker and gets a copy of its answer (:mod:`proxy.single_flight`). With
 ``limits.share_upstream``, while the client has only asked (ApiVersions,
 Metadata, FindCoordinator) the pair is *shared*: it borrows a
 broker connection per request from the node's pool (:mod:`proxy.upstream_pool`)

@@ -162,7 +162,8 @@ class ConnectionRegistry:
         (proxy.local_answers, ``limits.api_versions_answer_s``) and connect to its broker at its
         first other request (proxy.connection.Pair.lazy)? On a broker identity's listener (one
         broker behind it: the answer is that broker's), not on the bootstrap one (any broker
-        serves it, and its connections take a kept broker connection at accept); not where the node
+        serves it: an answer learned from one may not suit the one that serves the connection's
+        next request); not where the node
         logs in to the brokers for the clients (``[security.upstream_sasl]``)."""
         return listener != BOOTSTRAP and self.limits.api_versions_answer_s > 0 and not self.clients_log_in
 

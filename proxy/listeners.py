@@ -143,16 +143,46 @@ class Listeners:
         """``loop.create_server(factory, host, port, ...)`` with this node's backlog, the listening
         socket on a high descriptor (proxy.sockets.listening_socket: a killed node stops accepting
         first). A host of several addresses (a name, no host) is left to ``create_server``."""
-        loop = asyncio.get_running_loop()
-        infos = {(family, address) for family, _, _, _, address in
-                 await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)}
-        if len(infos) != 1:
-            return await loop.create_server(factory, host, port, reuse_address=True, reuse_port=reuse_port,
-                                            backlog=self.backlog)
-        [(family, address)] = infos
+        sock = self._listening(host, port, reuse_port=reuse_port)
+        if sock is None:
+            loop = asyncio.get_running_loop()
+            infos = {(family, address) for family, _, _, _, address in
+                     await loop.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)}
+            if len(infos) != 1:
+                return await loop.create_server(factory, host, port, reuse_address=True, reuse_port=reuse_port,
+                                                backlog=self.backlog)
+            [(family, address)] = infos
+            sock = listening_socket(address, family, reuse_port=reuse_port)
+            sock.listen(self.backlog)
+        return await self._server_on(factory, sock)
+
+    def _listening(self, host: str, port: int, *, reuse_port: bool) -> socket.socket | None:
+        """A socket bound to ``host``:``port`` and listening, made here and now, if ``host`` is an
+        IP address (no lookup: no turn of the loop, which in a reconnect storm is tens of ms
+        long); None for a name or no host. From ``listen`` on, the kernel completes the clients'
+        connects and queues them, before the loop serves the socket: a client that kept a vacant
+        node's address is no longer refused (and its reconnect backoff no longer doubles) while
+        the server is being made (:meth:`stand_in`)."""
+        try:
+            infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                       flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST)
+        except (socket.gaierror, UnicodeError):
+            return None
+        if not host or len({(family, address) for family, _, _, _, address in infos}) != 1:
+            return None
+        family, _, _, _, address = infos[0]
         sock = listening_socket(address, family, reuse_port=reuse_port)
         try:
-            return await loop.create_server(factory, sock=sock, backlog=self.backlog)
+            sock.listen(self.backlog)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    async def _server_on(self, factory: Callable[[], ClientSide], sock: socket.socket) -> asyncio.AbstractServer:
+        """The loop's server on ``sock`` (bound and listening), or ``sock`` closed."""
+        try:
+            return await asyncio.get_running_loop().create_server(factory, sock=sock, backlog=self.backlog)
         except BaseException:
             sock.close()
             raise
@@ -237,9 +267,18 @@ class Listeners:
                 else:
                     assert isinstance(action, Bind)
                     binds.append(action)
+            # Every address whose host is an IP listens before the first await (_listening).
+            ready: list[socket.socket | BaseException | None] = []
+            for action in binds:
+                try:
+                    ready.append(self._listening(action.host, action.port, reuse_port=True))
+                except OSError as exc:
+                    ready.append(exc)
             servers = await asyncio.gather(*(
-                self._serve(self._factory(action.key[1], stand_in=True), action.host, action.port, reuse_port=True)
-                for action in binds), return_exceptions=True)
+                _raise(sock) if isinstance(sock, BaseException)
+                else self._server_on(self._factory(action.key[1], stand_in=True), sock) if sock is not None
+                else self._serve(self._factory(action.key[1], stand_in=True), action.host, action.port, reuse_port=True)
+                for action, sock in zip(binds, ready)), return_exceptions=True)
             unexpected: BaseException | None = None
             for action, server in zip(binds, servers):
                 if isinstance(server, OSError):
@@ -354,3 +393,8 @@ async def answers(address: SocketAddress, timeout: float) -> bool:
         return False
     transport.close()
     return True
+
+
+async def _raise(exc: BaseException) -> asyncio.AbstractServer:
+    """``exc`` as the outcome of one of ``asyncio.gather``'s awaitables."""
+    raise exc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 
@@ -69,3 +70,27 @@ def test_every_bindable_stand_in_is_bound_in_one_call_and_a_failed_one_is_logged
     assert reachable == [True, True, True]
     failures = [r for r in caplog.records if r.getMessage() == "cannot stand in for a vacant node's address"]
     assert len(failures) == 1 and failures[0].address == f"{UNBINDABLE}:9102"  # type: ignore[attr-defined]
+
+
+def test_a_stand_in_at_an_ip_address_listens_before_the_call_first_waits() -> None:
+    """A client that kept the vacant node's address is not refused while the loop, busy with a
+    reconnect storm, gets round to making the server: the socket listens from the call's first
+    step, and the kernel completes the client's connect meanwhile (checked without letting the
+    loop run again: a blocking connect from the loop's own thread)."""
+    vacant = "127.0.0.92"
+    port = free_port(vacant)
+
+    async def main() -> int:
+        listeners = _listeners()
+        task = asyncio.ensure_future(listeners.stand_in([StandIn("p1", "p2", 1, vacant, port)]))
+        await asyncio.sleep(0)  # the call's first step, up to its first wait; nothing after it
+        assert not task.done()
+        with socket.socket() as client:
+            client.settimeout(2)
+            outcome = client.connect_ex((vacant, port))
+        await task
+        assert listeners.takeover.held == {("p2", 1)}
+        await listeners.stand_in([])
+        return outcome
+
+    assert uvloop.run(main()) == 0  # connected (ECONNREFUSED before the change)

@@ -150,6 +150,8 @@ class MemberConfig:
     # names the peers whose host refused a heartbeat, whose address floats before the commit
     # that marks them down (ServingMap.refused). Without a mover nothing would read it.
     floating_addresses: bool = False
+    # The member's threads run SCHED_RR at this priority where allowed (membership.realtime); 0: never.
+    realtime_priority: int = 0
 
     def __attrs_post_init__(self) -> None:
         self.validate()
@@ -182,6 +184,8 @@ class MemberConfig:
                 raise ConfigError(name, f"must be a number > 0, got {value!r}")
         if not isinstance(self.rebalance_delay, (int, float)) or self.rebalance_delay < 0:
             raise ConfigError("rebalance_delay", f"must be >= 0, got {self.rebalance_delay!r}")
+        if not isinstance(self.realtime_priority, int) or not 0 <= self.realtime_priority <= 99:
+            raise ConfigError("realtime_priority", f"must be between 0 (never) and 99, got {self.realtime_priority!r}")
         if not isinstance(self.broker_grace, (int, float)) or self.broker_grace < 0:
             raise ConfigError("broker_grace", f"must be >= 0, got {self.broker_grace!r}")
 

@@ -42,6 +42,7 @@ from membership.formats import SUPPORTED, FormatRange
 from membership.heartbeat import Heartbeat
 from membership.liveness import NOBODY
 from membership.raft import RaftReplica
+from membership.realtime import run_realtime
 from membership.roster import ChangeRefused, check_add, check_remove, current_roster
 from membership.serving import ServingMap
 from membership.state import FleetState
@@ -133,6 +134,8 @@ class Member:
                 log.warning("member thread of %s did not stop within %ss", self.node_id, timeout)
 
     def _run(self) -> None:
+        # Before pysyncobj's threads start: they inherit it (membership.realtime).
+        run_realtime(self.config.realtime_priority, "member")
         raft: RaftReplica | None = None
         try:
             raft = RaftReplica(self.config)

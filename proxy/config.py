@@ -55,6 +55,7 @@ test keeps it complete)::
     [fleet]
     password_env = "KPROXY_RAFT_PASSWORD"
     address_takeover = true              # survivors also serve a down node's address (floating IP)
+    member_priority = 10                 # Raft and heartbeats run SCHED_RR at this priority where allowed; 0: never
 
     [debug]
     tap_dir = "/tmp/tap"                 # tests only: copy every byte sent to clients here
@@ -210,6 +211,9 @@ class FleetConfig:
     # needs the address to be bindable here: any 127/8 address on loopback, a
     # floating IP on real hosts (a failed bind is logged, nothing else changes).
     address_takeover: bool = True
+    # The member's threads (Raft, heartbeats; with workers, the supervisor's too) run SCHED_RR at
+    # this priority where the process may (membership.realtime); 0: as every other thread.
+    member_priority: int = 10
 
 
 @attrs.frozen
@@ -506,7 +510,10 @@ def _parse_fleet(fleet_raw: Mapping[str, Any], nodes: tuple[NodeConfig, ...], en
         lease_s=_get(fleet_raw, "lease_s", "fleet.lease_s", float, 1.5),
         rebalance_delay_s=_get(fleet_raw, "rebalance_delay_s", "fleet.rebalance_delay_s", float, 1.0),
         address_takeover=_get(fleet_raw, "address_takeover", "fleet.address_takeover", bool, True),
+        member_priority=_get(fleet_raw, "member_priority", "fleet.member_priority", int, 10),
     )
+    if not 0 <= fleet.member_priority <= 99:
+        raise ConfigError("fleet.member_priority", "must be between 0 (never real-time) and 99")
     for name in ("raft_min_timeout_s", "raft_max_timeout_s", "dead_after_s", "lease_s"):
         _positive(getattr(fleet, name), f"fleet.{name}")
     if fleet.raft_max_timeout_s <= fleet.raft_min_timeout_s:

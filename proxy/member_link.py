@@ -49,7 +49,8 @@ def member_config(config: Config, node_id: str) -> MemberConfig:
                             connection_timeout=max(1.0, f.raft_max_timeout_s),
                             suspect_timeout=f.dead_after_s, quorum_lease=f.lease_s,
                             rebalance_delay=f.rebalance_delay_s, broker_grace=config.release_after_s,
-                            floating_addresses=config.addresses.kind != NO_MOVER)
+                            floating_addresses=config.addresses.kind != NO_MOVER,
+                            realtime_priority=f.member_priority)
     except MemberConfigError as exc:
         raise ConfigError(_FIELD.get(exc.field, f"fleet.{exc.field}"), str(exc)) from None
 

@@ -42,6 +42,7 @@ from typing import Any
 
 import attrs
 
+from membership.realtime import run_realtime
 from membership.serving import ServingMap
 from proxy import logs
 from proxy.admin import AdminServer, membership_actions
@@ -362,6 +363,8 @@ class Supervisor:
         """The admin endpoint and the Raft port check first, then the workers (the data listeners),
         then the fleet: the order and its reasons are proxy.runtime's."""
         self.loop = asyncio.get_running_loop()
+        if self.config.fleet is not None:  # this loop pushes each map to the workers (which it starts: spawns)
+            run_realtime(self.config.fleet.member_priority, "supervisor", spawns=True)
         if self.local.admin_port is not None:
             self.admin = AdminServer(
                 self.local.host, self.local.admin_port, token=self.config.admin_token,

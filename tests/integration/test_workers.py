@@ -207,6 +207,27 @@ def test_a_map_is_reported_applied_only_once_every_worker_has_it(fleet):
     assert {epoch for epoch, _ in seen} >= {drained_at}
 
 
+def test_the_member_runs_real_time_and_the_data_path_does_not(fleet):
+    """fleet.member_priority (10 by default; the tests run as root): the supervisor's threads and
+    the member's (Raft, heartbeats) are SCHED_RR, so a data path keeping every core busy cannot
+    delay detection, commits or map pushes; the workers it spawned are not (SCHED_RESET_ON_FORK)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (or CAP_SYS_NICE) to run threads at a real-time priority")
+    node = fleet.nodes["p1"]
+    assert node.pid is not None
+    def policy(tid: int) -> int:  # SCHED_RESET_ON_FORK reads as a flag on the policy
+        return os.sched_getscheduler(tid) & ~getattr(os, "SCHED_RESET_ON_FORK", 0)
+
+    policies = {int(t): policy(int(t)) for t in os.listdir(f"/proc/{node.pid}/task")}
+    assert policies[node.pid] == os.SCHED_RR and os.sched_getparam(node.pid).sched_priority == 10
+    # The member's thread and pysyncobj's tick thread it started (Python names no OS thread).
+    assert sum(policies[t] == os.SCHED_RR for t in policies if t != node.pid) >= 2, policies
+    workers = [w.pid for w in fleet.status("p1").workers]
+    assert len(workers) == WORKERS
+    for pid in workers:
+        assert all(policy(int(t)) == os.SCHED_OTHER for t in os.listdir(f"/proc/{pid}/task"))
+
+
 def test_a_node_freezes_and_dies_whole(fleet):
     import psutil
 

@@ -51,6 +51,10 @@ from topology import Broker, BrokerId, ProxyId
 
 log = logging.getLogger(__name__)
 
+# After a peer's Raft link dropped, its heartbeat port is probed at once and again this long after
+# (seconds): see Member._on_link_lost.
+REPROBE_AFTER_S = (0.003, 0.010, 0.030)
+
 # Bounded history of membership events kept for status() and measurements.
 EVENT_HISTORY = 200
 
@@ -89,6 +93,8 @@ class Member:
         self._wake = False  # a new snapshot or a new subscriber for the member thread
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=EVENT_HISTORY)
         self._registered = False  # tick thread only
+        # Peers whose Raft link dropped: when to probe their heartbeat port again (tick thread only).
+        self._reprobes: dict[str, list[float]] = {}
         # The last RaftView and LeaderBeat handed to the core, reused while their fields are the same.
         self._raft_view = RaftView()
         self._beat_memo: tuple[bool, object, int, LeaderBeat] | None = None
@@ -422,7 +428,8 @@ class Member:
         if hb is None:
             return float("inf")
         now = self._clock()
-        return min(hb.next_send, hb.next_expiry(now), self._core.election.next_due) - now
+        reprobe = min((times[0] for times in self._reprobes.values()), default=float("inf"))
+        return min(hb.next_send, hb.next_expiry(now), self._core.election.next_due, reprobe) - now
 
     def _on_link_event(self, raft_address: str, what: str, fields: dict[str, Any]) -> None:
         """A Raft link or vote event (tick thread, RaftReplica.trace_links): a ``raft_link``
@@ -432,11 +439,27 @@ class Member:
 
     def _on_link_lost(self, raft_address: str) -> None:
         """The Raft connection to a peer dropped (tick thread): probe its heartbeat
-        port now, so a dead process is seen before the next beat."""
+        port now, so a dead process is seen before the next beat; and again a few
+        milliseconds later (REPROBE_AFTER_S): a dying process' kernel resets its
+        Raft connections as it closes them, and a thread that runs at once (a
+        real-time member, membership.realtime) may probe before its heartbeat
+        socket is closed too, when nothing answers "port unreachable" yet."""
         self._on_link_event(raft_address, "down", {})
         peer, hb = self._addr_to_id.get(raft_address), self._hb
         if peer is not None and hb is not None and not self._stop.is_set():
-            hb.probe(peer, self._clock())
+            now = self._clock()
+            hb.probe(peer, now)
+            self._reprobes[peer] = [now + after for after in REPROBE_AFTER_S]
+
+    def _probe_again(self, hb: Heartbeat, now: float) -> None:
+        """The probes due of peers whose Raft link dropped (:meth:`_on_link_lost`)."""
+        for peer in list(self._reprobes):
+            times = self._reprobes[peer]
+            while times and times[0] <= now:
+                times.pop(0)
+                hb.probe(peer, now)
+            if not times:
+                del self._reprobes[peer]
 
     def _tick(self) -> None:
         raft, hb = self._raft, self._hb
@@ -449,6 +472,8 @@ class Member:
         now = self._clock()
         role, term = raft.role(), raft.raftCurrentTerm
         hb.term, hb.leader_term = term, (term if role == "leader" else None)
+        if self._reprobes:
+            self._probe_again(hb, now)
         hb.tick(now)
         # The beat's gather may have blocked a few milliseconds: judge the peers at the time it
         # returned, or an expiry inside that window would be judged live and then dropped.

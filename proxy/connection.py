@@ -147,15 +147,15 @@ class Pair:
         flight = self.flight
         if flight is not None and api_key == METADATA:
             self.flight = None
-            for waiter, frame in self.registry.flights.land(flight, pieces):
-                waiter.answered(frame)
+            for waiter, head, body in self.registry.flights.land(flight, pieces):
+                waiter.answered(head, body)
         self.registry.answers.learn(self.listener, api_key, api_version, pieces)
         if not self.shared:
             self.codec.responses.observer = None
 
-    def answered(self, frame: bytes) -> None:
-        """The flight it joined landed: ``frame`` is its answer. Then what it sent meanwhile goes
-        to its broker (connected for it first if it has none)."""
+    def answered(self, head: bytes, body: bytes) -> None:
+        """The flight it joined landed: ``head`` + ``body`` is its answer. Then what it sent
+        meanwhile goes to its broker (connected for it first if it has none)."""
         correlation_id, self.joined = self.joined, None
         if self.closed or correlation_id is None:
             return
@@ -164,9 +164,9 @@ class Pair:
         registry.metrics.coalesced.inc()
         client = self.client
         assert client is not None
-        client.write(frame)
+        client.writelines((head, body))
         if self.tap is not None:
-            self.tap.writelines((frame,))
+            self.tap.writelines((head, body))
         pending = self._pending
         assert pending
         del pending[0]  # its own request

@@ -82,16 +82,17 @@ class Flights(Generic[Waiter]):
         flight = self._flights[key] = Flight(key)
         return flight
 
-    def land(self, flight: Flight[Waiter], payload: Sequence[Buffer]) -> list[tuple[Waiter, bytes]]:
+    def land(self, flight: Flight[Waiter], payload: Sequence[Buffer]) -> list[tuple[Waiter, bytes, bytes]]:
         """The flight's answer, rewritten: its payload as ``pieces`` (correlation id first, no length
-        prefix; views of a buffer about to be reused). Returns each joined waiter with its own whole
-        response frame; the flight is over."""
+        prefix; views of a buffer about to be reused: copied once here). Returns each joined waiter
+        with its response frame as two parts: its own head (length, correlation id) and the body
+        every waiter shares (thousands of waiters hold no copy each). The flight is over."""
         waiters = self._end(flight)
         if not waiters:
             return []
         body = b"".join(payload)[4:]
         size = len(body) + 4
-        return [(waiter, _HEAD.pack(size, correlation_id) + body) for waiter, correlation_id in waiters]
+        return [(waiter, _HEAD.pack(size, correlation_id), body) for waiter, correlation_id in waiters]
 
     def fail(self, flight: Flight[Waiter]) -> list[Waiter]:
         """The flight will get no answer (its leader's connection closed): the waiters, which must

@@ -369,6 +369,7 @@ class ClientSide(asyncio.BufferedProtocol):
                         self._send_to_coordinator_lookup(pair)
                         return
         if pair.joined is not None:  # waiting for another connection's answer: what follows waits too
+            metrics.bytes_to_broker += nbytes
             self._hold(pair, data)
             return
         upstream = pair.upstream
@@ -386,15 +387,7 @@ class ClientSide(asyncio.BufferedProtocol):
             if upstream.get_write_buffer_size():  # it may keep a view of the buffer
                 self._buffers.release(upstream)
         else:  # a shared connection between exchanges (or, for safety, one not connected yet)
-            pending = pair._pending
-            if pending is None:
-                pending = pair._pending = []
-            pending.append(bytes(data))
-            if not pair.acquiring:
-                self.registry.acquire(pair)
-            # Reading goes on (a client that leaves is heard) unless it sends much meanwhile.
-            if sum(map(len, pending)) >= self.registry.limits.high_water_bytes:
-                pair.client.pause_reading()
+            self._hold(pair, data, connect=True)
 
     def _coalesce(self, pair: Pair, header: RequestHeader, data: memoryview) -> bool:
         """A Metadata request, the whole of what the client sent since its last answer (nothing
@@ -404,7 +397,7 @@ class ClientSide(asyncio.BufferedProtocol):
         registry = self.registry
         flights = registry.flights
         codec = pair.codec
-        if (not flights.enabled or registry.clients_log_in or len(codec.table) != 1 or header.frame_size != len(data)
+        if (not registry.coalesces() or len(codec.table) != 1 or header.frame_size != len(data)
                 or not codec.requests.at_frame_boundary or not codec.responses.at_frame_boundary
                 or codec.responses.stalled is not None or pair.splice is not None):
             return False
@@ -417,12 +410,17 @@ class ClientSide(asyncio.BufferedProtocol):
         codec.responses.observer = pair.learned
         return False
 
-    def _hold(self, pair: Pair, data: memoryview) -> None:
-        """``pair`` waits for a flight's answer: ``data`` goes to its broker after it."""
+    def _hold(self, pair: Pair, data: memoryview, *, connect: bool = False) -> None:
+        """``data`` waits in ``pair`` for the answer of the flight it joined, or (``connect``) for
+        its broker connection, asked for now if it is not yet (a kept one is attached at once, and
+        takes what waits). Reading goes on (a client that leaves is heard) unless it sends much
+        meanwhile."""
         pending = pair._pending
-        assert pending is not None
+        if pending is None:
+            pending = pair._pending = []
         pending.append(bytes(data))
-        self.registry.metrics.bytes_to_broker += len(data)
+        if connect and not pair.acquiring:
+            self.registry.acquire(pair)
         if sum(map(len, pending)) >= self.registry.limits.high_water_bytes:
             pair.client.pause_reading()
 

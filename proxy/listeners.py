@@ -274,11 +274,8 @@ class Listeners:
                     ready.append(self._listening(action.host, action.port, reuse_port=True))
                 except OSError as exc:
                     ready.append(exc)
-            servers = await asyncio.gather(*(
-                _raise(sock) if isinstance(sock, BaseException)
-                else self._server_on(self._factory(action.key[1], stand_in=True), sock) if sock is not None
-                else self._serve(self._factory(action.key[1], stand_in=True), action.host, action.port, reuse_port=True)
-                for action, sock in zip(binds, ready)), return_exceptions=True)
+            servers = await asyncio.gather(*(self._stand_in_server(action, listening)
+                                             for action, listening in zip(binds, ready)), return_exceptions=True)
             unexpected: BaseException | None = None
             for action, server in zip(binds, servers):
                 if isinstance(server, OSError):
@@ -297,6 +294,17 @@ class Listeners:
                                                                  "address": join_host_port(action.host, action.port)})
             if unexpected is not None:
                 raise unexpected
+
+    async def _stand_in_server(self, action: Bind, listening: socket.socket | BaseException | None
+                               ) -> asyncio.AbstractServer:
+        """The server of one stand-in: on the socket already listening, or the bind's error, or (a
+        name for a host: ``listening`` None) bound here."""
+        if isinstance(listening, BaseException):
+            raise listening
+        factory = self._factory(action.key[1], stand_in=True)
+        if listening is None:
+            return await self._serve(factory, action.host, action.port, reuse_port=True)
+        return await self._server_on(factory, listening)
 
     def _release(self, action: Release, *, hand_back: bool = True) -> None:
         """Stop accepting there. The clients it accepted stay until the address's own node
@@ -394,7 +402,3 @@ async def answers(address: SocketAddress, timeout: float) -> bool:
     transport.close()
     return True
 
-
-async def _raise(exc: BaseException) -> asyncio.AbstractServer:
-    """``exc`` as the outcome of one of ``asyncio.gather``'s awaitables."""
-    raise exc

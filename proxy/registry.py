@@ -173,8 +173,13 @@ class ConnectionRegistry:
         (:meth:`answers_locally`), and on the bootstrap port where Metadata requests are coalesced
         (a bootstrapping client that asks Metadata first may get a copy of another one's answer,
         proxy.single_flight: it needs no broker connection)."""
-        return self.answers_locally(listener) or (listener == BOOTSTRAP and self.limits.coalesce_metadata
-                                                  and not self.clients_log_in)
+        return self.answers_locally(listener) or (listener == BOOTSTRAP and self.coalesces())
+
+    def coalesces(self) -> bool:
+        """Are identical Metadata requests coalesced (proxy.single_flight)? With
+        ``limits.coalesce_metadata``, not where the brokers authenticate each client (a Metadata
+        answer lists what the client's principal may see)."""
+        return self.flights.enabled and not self.clients_log_in
 
     def keep_upstream(self, pair: Pair) -> bool:
         """``pair``'s client left at a request boundary: keep its broker connection (True), or not."""

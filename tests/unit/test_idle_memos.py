@@ -430,3 +430,29 @@ def test_the_leader_asks_for_the_format_of_each_new_state_and_members():
     assert upgrade(3.0, partial, "ab") == []
     leader._all_ids = frozenset("ab")  # what adopting a roster of a and b does (_adopt_roster)
     assert upgrade(3.5, partial, "ab") == [SetFormat(2, partial.epoch)]
+
+
+def test_a_peer_whose_raft_link_dropped_is_probed_at_once_and_again_a_few_milliseconds_later():
+    """A real-time member may probe a killed peer before its dying process' heartbeat socket is
+    closed (nothing answers "port unreachable" yet): it probes again REPROBE_AFTER_S later, and
+    its tick thread wakes for those probes."""
+    from membership.member import REPROBE_AFTER_S
+
+    member = Member(_config("a"))
+    hb, caps = _heartbeat()
+    member._hb = hb
+    now = [100.0]
+    member._clock = lambda: now[0]  # type: ignore[method-assign]
+    hb._next_send = now[0] + 0.2  # the next beat; no peer heard, none goes stale
+    member._core.election.next_due = float("inf")
+    assert member._seconds_to_next_timer() == pytest.approx(0.2)
+    member._on_link_lost(member._raft_addresses["c"])
+    assert len(caps["c"].sent) == 1 and not caps["b"].sent  # at once, that peer only
+    assert member._seconds_to_next_timer() == pytest.approx(REPROBE_AFTER_S[0])  # the tick thread wakes for it
+    member._probe_again(hb, 100.0 + REPROBE_AFTER_S[0] / 2)
+    assert len(caps["c"].sent) == 1  # none due yet
+    member._probe_again(hb, 100.0 + REPROBE_AFTER_S[1])
+    assert len(caps["c"].sent) == 3  # the first two due
+    member._probe_again(hb, 100.0 + REPROBE_AFTER_S[-1] + 1.0)
+    assert len(caps["c"].sent) == 1 + len(REPROBE_AFTER_S)
+    assert not member._reprobes  # done: no more wake-ups for it

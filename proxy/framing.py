@@ -145,6 +145,16 @@ def preload(api_keys: Sequence[int] | None = None) -> None:
             response_header_version(api_key, version)
 
 
+_ANSWER_HEAD = struct.Struct(">ii")
+
+
+def answer_head(body_size: int, correlation_id: int) -> bytes:
+    """The first 8 bytes of a response frame the node answers itself (proxy.local_answers,
+    proxy.single_flight): its length prefix and correlation id (the response header's first field
+    in every version), for a body of ``body_size`` bytes after the correlation id."""
+    return _ANSWER_HEAD.pack(body_size + 4, correlation_id)
+
+
 def encode_frame(payload: Buffer) -> bytes:
     """Length prefix + payload (a convenience for tests and tools)."""
     return _LEN.pack(len(payload)) + bytes(payload)

@@ -25,13 +25,11 @@ the client's software (KIP-511) by the connections that do reach it.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable, Sequence
 
 from proxy._wire import Buffer
-from proxy.framing import API_VERSIONS
+from proxy.framing import API_VERSIONS, answer_head
 
-_HEAD = struct.Struct(">ii")  # frame length, correlation id (ApiVersions answers: response header v0)
 
 
 class LocalAnswers:
@@ -66,7 +64,7 @@ class LocalAnswers:
         if self._clock() >= until:
             del self._answers[key]
             return None
-        return _HEAD.pack(len(body) + 4, correlation_id) + body
+        return answer_head(len(body), correlation_id) + body
 
     def retune(self, ttl_s: float) -> None:
         """A config reload: answers learned from now on are kept ``ttl_s``; 0 drops every one."""

@@ -32,13 +32,12 @@ broker connection was lost), each joined connection sends its own request
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Hashable, Sequence
 from typing import Generic, TypeVar
 
 from proxy._wire import Buffer
+from proxy.framing import answer_head
 
-_HEAD = struct.Struct(">ii")  # frame length, correlation id (the response header's first field, any version)
 
 Waiter = TypeVar("Waiter")
 
@@ -91,8 +90,7 @@ class Flights(Generic[Waiter]):
         if not waiters:
             return []
         body = b"".join(payload)[4:]
-        size = len(body) + 4
-        return [(waiter, _HEAD.pack(size, correlation_id), body) for waiter, correlation_id in waiters]
+        return [(waiter, answer_head(len(body), correlation_id), body) for waiter, correlation_id in waiters]
 
     def fail(self, flight: Flight[Waiter]) -> list[Waiter]:
         """The flight will get no answer (its leader's connection closed): the waiters, which must

@@ -30,8 +30,15 @@ number, the "I hear you" flag and the sender's Raft term with an "I am the
 leader" flag (:attr:`Heartbeat.leader_term`; a follower holds its election off
 while the leader of its term beats, membership.control), authenticated with HMAC-SHA256 under a key derived from the fleet
 password; a datagram must also come from the peer's configured host (when that
-is an IP literal). Everything runs on the pysyncobj tick thread: the sockets
-are registered with its poller, so no extra thread is needed.
+is an IP literal). Everything runs on the pysyncobj tick thread, so no extra
+thread is needed: the sending sockets are registered with its poller (a refusal
+wakes it at once); the receiving socket is not. The peers' datagrams are read
+when the thread wakes for its own reasons (its beat, a timer, Raft), before
+anything is judged, each accounted at the time the kernel received it
+(``SO_TIMESTAMP``): a peer's datagrams never wake the thread. An idle node's
+CPU is mostly its tick thread's wake-ups (on this machine ~0.1 ms of CPU each,
+before any Python runs), and being woken for each arrival took two to three of
+them per beat.
 """
 
 from __future__ import annotations
@@ -40,8 +47,9 @@ import ipaddress
 import logging
 import math
 import os
-import select
 import socket
+import struct
+import sys
 import time
 from collections.abc import Callable, Mapping
 
@@ -52,13 +60,15 @@ log = logging.getLogger(__name__)
 
 # Peers whose last datagrams arrived within this many beats of each other fell silent "at once".
 ISOLATION_SPREAD_BEATS = 2
-# Datagrams read per readiness event: bounds the work of one tick.
+# Errors read per refusal event on a sending socket: bounds that work of one tick.
 MAX_READS_PER_EVENT = 64
-# After a grid point the tick thread reads the peers' beats of that point as they arrive for at
-# most this long (Heartbeat._gather): one wake-up per beat instead of one per peer. It blocks the
-# thread (Raft included) for at most this long, four times a second, and only while a peer it
-# hears has not beaten yet.
-GATHER_S = 0.008
+# Datagrams read per collect (Heartbeat.collect): a few beat intervals of a large fleet's.
+MAX_READS_PER_COLLECT = 1024
+# Linux's SO_TIMESTAMP (asm-generic; Python's socket module does not name it): each datagram read
+# comes with the time the kernel received it, as a struct timeval of the wall clock.
+SO_TIMESTAMP = getattr(socket, "SO_TIMESTAMP", 29 if sys.platform == "linux" else None)
+TIMEVAL = struct.Struct("@ll")
+ANCILLARY = socket.CMSG_SPACE(TIMEVAL.size)
 
 
 def _ip_or_none(host: str) -> str | None:
@@ -105,8 +115,11 @@ class Heartbeat:
         self.leader_term: int | None = None
         self._claims: dict[str, LeaderClaim] = {}
         self._speaks_v2: set[str] = set()  # peers whose latest datagram was KPH2 (no term)
-        self._arrived: dict[str, float] = {}  # when each peer's latest authentic datagram arrived
-        self._gatherer: select.poll | None = None
+        self._stamped = False  # the receiving socket's datagrams carry their arrival time
+        # A datagram read later than this after it arrived is accounted this old (a wall-clock step
+        # between its arrival and the read must not make a live peer look stale): the thread reads
+        # at least once a beat, and a peer is stale only suspect_timeout after its last datagram.
+        self._max_age = max(0.0, suspect_timeout - interval)
 
     # ---- sockets -----------------------------------------------------------------------------
 
@@ -120,9 +133,14 @@ class Heartbeat:
             recv.close()
             raise
         recv.setblocking(False)
+        self._stamped = False
+        if SO_TIMESTAMP is not None:
+            try:
+                recv.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMP, 1)
+                self._stamped = True
+            except OSError as exc:  # then a datagram is accounted when it is read (at most a beat late)
+                log.info("heartbeat datagrams carry no arrival time (%s): accounted when read", exc)
         self._recv = recv
-        self._gatherer = select.poll()
-        self._gatherer.register(recv.fileno(), select.POLLIN)
         for peer, addr in sorted(self.peers.items()):
             self._send[peer] = self._sender(addr)
 
@@ -159,7 +177,6 @@ class Heartbeat:
         self.view.set_peers(new)
         self._speaks_v2 &= set(new)
         self._claims = {p: c for p, c in self._claims.items() if p in new}
-        self._arrived = {p: t for p, t in self._arrived.items() if p in new}
         self._peer_ip = {p: _ip_or_none(addr[0]) for p, addr in new.items()}
         return added
 
@@ -168,13 +185,13 @@ class Heartbeat:
             if s is not None:
                 s.close()
         self._recv = None
-        self._gatherer = None
         self._send.clear()
 
     def registrations(self) -> list[tuple[int, Callable[[int, int], None]]]:
-        """(fd, callback(fd, event)) pairs for a pysyncobj poller."""
+        """(fd, callback(fd, event)) pairs for a pysyncobj poller: the sending sockets, whose
+        events are refusals. Not the receiving socket: :meth:`tick` reads it (:meth:`collect`)."""
         assert self._recv is not None, "open() first"
-        regs = [(self._recv.fileno(), lambda _fd, _ev: self.on_readable())]
+        regs = []
         for peer, s in self._send.items():
             regs.append((s.fileno(), lambda _fd, _ev, peer=peer: self.on_peer_event(peer)))
         return regs
@@ -187,10 +204,12 @@ class Heartbeat:
         return self._next_send
 
     def tick(self, now: float) -> None:
-        """Beat when due, and at once when whom we hear changed: a peer we stopped hearing
-        learns it from our next datagram (two-way liveness, membership.liveness), and one we
-        hear again sees us live without waiting for the beat; at once too when we became
-        the leader (or stopped being it): the followers' election timers run on that."""
+        """Read what the peers sent (:meth:`collect`), then beat when due, and at once when whom
+        we hear changed: a peer we stopped hearing learns it from our next datagram (two-way
+        liveness, membership.liveness), and one we hear again sees us live without waiting for
+        the beat; at once too when we became the leader (or stopped being it): the followers'
+        election timers run on that. Called at every wake-up of the tick thread."""
+        self.collect(now)
         hearing = self.view.hearing(now)
         told = (hearing, self.leader_term)
         if now < self._next_send and told == self._told:
@@ -198,8 +217,7 @@ class Heartbeat:
         on_grid = now >= self._next_send
         if on_grid:
             # Beats go out on a grid of the clock (CLOCK_MONOTONIC is one clock for every
-            # process of a host): the peers' datagrams then arrive together and a
-            # receiver wakes once per beat instead of once per peer.
+            # process of a host): every node of a host wakes at the same instants.
             self._next_send = (math.floor(now / self.interval) + 1) * self.interval
         self._told = told
         self._seq += 1
@@ -208,8 +226,6 @@ class Heartbeat:
         made: dict[tuple[int, bool | None], bytes] = {}
         for peer, s in self._send.items():
             self._send_to(peer, s, self._datagram(peer, hearing, made), now)
-        if on_grid:
-            self._gather(now)
 
     def probe(self, peer: str, now: float) -> None:
         """Send ``peer`` a datagram now, off the beat: when its process is gone
@@ -253,47 +269,36 @@ class Heartbeat:
         except OSError as exc:  # buffer full, no route: a missed beat, nothing more
             log.debug("heartbeat to %s failed: %s", peer, exc)
 
-    def on_readable(self) -> None:
-        if self._recv is None:
+    def collect(self, now: float) -> None:
+        """Read every datagram that arrived since the last call, each accounted at the time the
+        kernel received it (``now`` minus its age, where the socket stamps datagrams; else
+        ``now``). The tick thread calls it before judging anything (:meth:`tick`), so a
+        judgement sees every datagram that arrived before it, as when each arrival woke it."""
+        recv = self._recv
+        if recv is None:
             return
-        now = self.clock()
-        self._drain(now)
-        if now < self._next_send:  # our own beat of this grid point is out (else: the tick sends it, then gathers)
-            self._gather(self.clock())
-
-    def _gather(self, now: float) -> None:
-        """Read the peers' beats of the last grid point as they arrive, until every peer we
-        hear has sent one since that point or GATHER_S after it. They all beat on the same
-        grid of one clock, so their datagrams come within a few milliseconds of each other;
-        each one waking the tick thread on its own ran pysyncobj's tick and the member's
-        tick for it, most of an idle node's CPU. Waiting here costs no CPU."""
-        grid = math.floor(now / self.interval) * self.interval
-        until = grid + GATHER_S
-        arrived = self._arrived
-        while self._gatherer is not None and now < until:
-            # hearing(now): the peers view.hears at now (kept between calls while nothing changed).
-            if not any(arrived.get(p, -math.inf) < grid for p in self.view.hearing(now)):
-                return
-            if not self._gatherer.poll(1000 * (until - now)):
-                return
-            self._drain(self.clock())
-            now = self.clock()
-
-    def _drain(self, now: float) -> None:
-        if self._recv is None:
-            return
-        for _ in range(MAX_READS_PER_EVENT):
+        wall = time.time()
+        for _ in range(MAX_READS_PER_COLLECT):
             try:
-                data, addr = self._recv.recvfrom(MAX_DATAGRAM)
+                data, ancillary, _flags, addr = recv.recvmsg(MAX_DATAGRAM, ANCILLARY)
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
                 log.debug("heartbeat recv: %s", exc)
                 return
-            self.receive(data, addr[0], now)
+            self.receive(data, addr[0], self._arrival(ancillary, now, wall) if self._stamped else now)
+
+    def _arrival(self, ancillary: list[tuple[int, int, bytes]], now: float, wall: float) -> float:
+        """When a datagram read at ``now`` (``wall`` on the wall clock) arrived, on our clock."""
+        for level, kind, raw in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMP and len(raw) == TIMEVAL.size:
+                sec, usec = TIMEVAL.unpack(raw)
+                return now - min(max(wall - (sec + usec / 1e6), 0.0), self._max_age)
+        return now
 
     def receive(self, data: bytes, ip: str, now: float) -> None:
-        """Account one datagram from ``ip`` (the socket-free part of on_readable)."""
+        """Account one datagram from ``ip`` that arrived at ``now`` (the socket-free part of
+        :meth:`collect`)."""
         beat = decode(self._key, data)
         peer = beat.node_id if beat is not None else ""
         if beat is None or peer not in self.peers or (self._peer_ip[peer] is not None and self._peer_ip[peer] != ip):
@@ -301,7 +306,6 @@ class Heartbeat:
             return
         if not self.view.heard(beat, now):
             return
-        self._arrived[peer] = now
         if beat.term is None:
             self._speaks_v2.add(peer)  # also KPH1 senders: the view answers those in kind first
             self._claims.pop(peer, None)

@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 # After a peer's Raft link dropped, its heartbeat port is probed at once and again this long after
 # (seconds): see Member._on_link_lost.
 REPROBE_AFTER_S = (0.003, 0.010, 0.030)
+# The dispatch thread waits for a new snapshot or stop(), both notify it: the timeout only bounds
+# a wait that a lost notification would make endless (an idle node woke it every second).
+DISPATCH_WAIT_S = 30.0
 
 # Bounded history of membership events kept for status() and measurements.
 EVENT_HISTORY = 200
@@ -176,7 +179,7 @@ class Member:
         delivered: dict[Subscriber, int] = {}
         while not self._stop.is_set():
             with self._cond:
-                self._cond.wait_for(lambda: self._wake or self._stop.is_set(), timeout=1.0)
+                self._cond.wait_for(lambda: self._wake or self._stop.is_set(), timeout=DISPATCH_WAIT_S)
                 self._wake = False
                 subscribers = list(self._subscribers)
             delivered = {cb: v for cb, v in delivered.items() if cb in subscribers}
@@ -474,10 +477,7 @@ class Member:
         hb.term, hb.leader_term = term, (term if role == "leader" else None)
         if self._reprobes:
             self._probe_again(hb, now)
-        hb.tick(now)
-        # The beat's gather may have blocked a few milliseconds: judge the peers at the time it
-        # returned, or an expiry inside that window would be judged live and then dropped.
-        now = self._clock()
+        hb.tick(now)  # reads what the peers sent first: every judgement below sees it
         leader = self.node_id if role == "leader" else self._addr_to_id.get(raft.leader_address())
         view, state = self._raft_view, raft.state
         if view.role != role or view.leader != leader or view.term != term or view.state is not state:

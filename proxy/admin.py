@@ -22,6 +22,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import selectors
 import socket
 import ssl
 import threading
@@ -225,7 +226,10 @@ class AdminServer:
         if ssl_context is not None:
             self.httpd.socket = ssl_context.wrap_socket(self.httpd.socket, server_side=True,
                                                         do_handshake_on_connect=False)
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="kproxy-admin", daemon=True)
+        self.httpd.timeout = 0  # handle_request() after our own select: never waits again
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="kproxy-admin", daemon=True)
 
     @property
     def address(self) -> str:
@@ -235,7 +239,26 @@ class AdminServer:
     def start(self) -> None:
         self._thread.start()
 
+    def _serve(self) -> None:
+        """The accept loop. Not ``serve_forever``: it wakes every ``poll_interval`` (0.5 s) to
+        look for a shutdown, most of an idle node's admin thread CPU; this one waits on the
+        listener and on a socket :meth:`stop` writes to, nothing else."""
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.httpd, selectors.EVENT_READ)
+            selector.register(self._wake_r, selectors.EVENT_READ)
+            while not self._stopping.is_set():
+                for key, _events in selector.select():
+                    if key.fileobj is self.httpd and not self._stopping.is_set():
+                        self.httpd.handle_request()
+
     def stop(self) -> None:
-        self.httpd.shutdown()
+        self._stopping.set()
+        try:
+            self._wake_w.send(b"\0")
+        except OSError:  # the loop is gone already
+            pass
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
         self.httpd.server_close()
-        self._thread.join(timeout=5)
+        self._wake_r.close()
+        self._wake_w.close()

@@ -166,8 +166,8 @@ def test_heartbeat_sees_a_closed_port_at_once_and_silence_after_the_timeout():
             now = time.monotonic()
             a.tick(now)
             b.tick(now)
-            a.on_readable()
-            b.on_readable()
+            a.collect(time.monotonic())
+            b.collect(time.monotonic())
             a.on_peer_event("b")
 
         wait_until("a hears b", lambda: (pump(), a.is_live("b", time.monotonic()))[1], timeout=3)
@@ -182,7 +182,7 @@ def test_heartbeat_sees_a_closed_port_at_once_and_silence_after_the_timeout():
         try:
             for _ in range(5):
                 c.tick(time.monotonic() + _)
-            wait_until("a rejects the forged beats", lambda: (a.on_readable(), a.rejected >= 1)[1], timeout=3)
+            wait_until("a rejects the forged beats", lambda: (a.collect(time.monotonic()), a.rejected >= 1)[1], timeout=3)
             assert not a.is_live("b", time.monotonic())
         finally:
             c.close()
@@ -204,8 +204,8 @@ def test_probe_sees_a_closed_port_before_the_next_beat():
             now = time.monotonic()
             a.tick(now)
             b.tick(now)
-            a.on_readable()
-            b.on_readable()
+            a.collect(time.monotonic())
+            b.collect(time.monotonic())
 
         wait_until("a hears b", lambda: (pump(), a.is_live("b", time.monotonic()))[1], timeout=3)
         assert a.next_expiry(time.monotonic()) > time.monotonic() + 29  # b's last datagram + suspect_timeout

@@ -84,10 +84,13 @@ def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_rounds: 
               help="The fleet brought up runs with limits.share_upstream on (not with --state-dir).")
 @click.option("--no-coalesce", is_flag=True,
               help="The fleet brought up runs with limits.coalesce_metadata off (not with --state-dir).")
+@click.option("--fair-accept", is_flag=True,
+              help="The fleet brought up runs with limits.fair_accept on (not with --state-dir).")
 @click.option("--json", "as_json", is_flag=True)
 def bench_failover(drills: int, drains: int, clients: str | None, rate: float, state_dir: str | None,
                    out_dir: str | None, seed: int | None, hosts: str, light_clients: int, fault: str,
-                   security: str, workers: int, share_upstream: bool, no_coalesce: bool, as_json: bool) -> None:
+                   security: str, workers: int, share_upstream: bool, no_coalesce: bool, fair_accept: bool,
+                   as_json: bool) -> None:
     """RTO per client family over many drills of one fault (SIGKILL by default) and drains,
     detection and commit times (and, on emulated hosts, fault to address moved)."""
     from chaos.bench.failover import DEFAULT_CLIENTS, run
@@ -99,9 +102,10 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
         raise click.BadParameter("light clients speak plaintext only", param_hint="--light-clients")
     if state_dir and workers != 1:
         raise click.BadParameter("with --state-dir the running fleet's own workers are used", param_hint="--workers")
-    if state_dir and (share_upstream or no_coalesce):
+    if state_dir and (share_upstream or no_coalesce or fair_accept):
         raise click.BadParameter("with --state-dir the running fleet's own limits are used",
-                                 param_hint="--share-upstream" if share_upstream else "--no-coalesce")
+                                 param_hint="--share-upstream" if share_upstream else
+                                 "--no-coalesce" if no_coalesce else "--fair-accept")
     if state_dir and security != "plaintext":
         raise click.BadParameter("with --state-dir the running fleet's own security is used", param_hint="--security")
 
@@ -116,7 +120,7 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
     results = run(drills=drills, drains=drains, clients=clients or DEFAULT_CLIENTS, rate=rate, state_dir=state_dir,
                   out_dir=out_dir, seed=seed, light_clients=light_clients, progress=progress, hosts=hosts,
                   fault=fault, security=Protocol.parse(security), workers=workers, share_upstream=share_upstream,
-                  coalesce_metadata=not no_coalesce)
+                  coalesce_metadata=not no_coalesce, fair_accept=fair_accept)
     if as_json:
         click.echo(json.dumps(results, indent=2, default=str))
         return

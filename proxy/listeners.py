@@ -28,6 +28,8 @@ task (``ConnectionRegistry.spawn``), so accepting never waits on a broker.
 from __future__ import annotations
 
 import asyncio
+import errno
+import functools
 import logging
 import os
 import resource
@@ -35,6 +37,7 @@ import socket
 from collections.abc import Callable, Iterable
 
 from membership.serving import BOOTSTRAP, ServingMap, StandIn
+from proxy.accept_lines import AcceptLines
 from proxy.connection import ClientSide, Pair
 from proxy.handback import HANDBACK_PROBE_INTERVAL_S, HandBack, Keep, SocketAddress, StandInHandback
 from proxy.hosts import join_host_port
@@ -53,6 +56,14 @@ RESERVED_DESCRIPTORS = 256
 # How long a probe of a released stand-in's address waits for the connect (loopback or the
 # node's own network: an answer takes far less).
 HANDBACK_PROBE_TIMEOUT_S = 1.0
+# limits.fair_accept (proxy.accept_lines): connections opened per turn of the loop from the lines,
+# accepts per readiness of a listener, accepted connections waiting at most (past it the listeners
+# pause and the kernel's queue holds the rest, until half of them are opened), and how long a
+# listener pauses after the process ran out of descriptors.
+OPEN_PER_TURN = 64
+ACCEPTS_PER_WAKE = 1024
+MAX_WAITING = 8192
+ACCEPT_RETRY_S = 0.05
 
 
 def somaxconn(path: str = SOMAXCONN_PATH) -> int | None:
@@ -100,6 +111,114 @@ def client_capacity(max_connections: int, workers: int = 1) -> int:
     return share
 
 
+class FairAcceptor:
+    """The accept lines of one worker (proxy.accept_lines) and the listeners that fill them:
+    every listener of the worker, own and stand-in, so a host with few connections waiting
+    is served first across all of them."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.lines: AcceptLines[tuple[socket.socket, Callable[[], ClientSide]]] = AcceptLines()
+        self.servers: set[FairServer] = set()
+        self._scheduled = False
+        self.paused = False
+
+    def accepted(self, sock: socket.socket, source: str, factory: Callable[[], ClientSide]) -> None:
+        self.lines.put(source, (sock, factory))
+        if not self._scheduled:
+            self._scheduled = True
+            self.loop.call_soon(self._open)
+        if len(self.lines) >= MAX_WAITING and not self.paused:
+            self.paused = True
+            for server in self.servers:
+                server.pause()
+
+    def _open(self) -> None:
+        """Open up to OPEN_PER_TURN waiting connections; the rest in the next turns, after the
+        loop has served the connections already open."""
+        self._scheduled = False
+        for sock, factory in self.lines.take(OPEN_PER_TURN):
+            task = self.loop.create_task(self.loop.connect_accepted_socket(factory, sock))
+            task.add_done_callback(functools.partial(_opened, sock))
+        if self.lines:
+            self._scheduled = True
+            self.loop.call_soon(self._open)
+        if self.paused and len(self.lines) <= MAX_WAITING // 2:
+            self.paused = False
+            for server in self.servers:
+                server.resume()
+
+
+def _opened(sock: socket.socket, task: asyncio.Task[object]) -> None:
+    if task.cancelled() or task.exception() is not None:
+        log.debug("accepted connection not opened: %s", None if task.cancelled() else task.exception())
+        sock.close()
+
+
+class FairServer:
+    """A listening socket whose connections go through the worker's accept lines
+    (:class:`FairAcceptor`); what the listeners use of the loop's server: ``close`` and
+    ``sockets``."""
+
+    def __init__(self, acceptor: FairAcceptor, sock: socket.socket, factory: Callable[[], ClientSide]) -> None:
+        self.acceptor = acceptor
+        self.sock = sock
+        self.factory = factory
+        self.sockets = [sock]
+        self._reading = False
+        self._retry: asyncio.TimerHandle | None = None
+        sock.setblocking(False)
+        acceptor.servers.add(self)
+        if not acceptor.paused:
+            self.resume()
+
+    def resume(self) -> None:
+        if not self._reading and self.sockets:
+            self.acceptor.loop.add_reader(self.sock.fileno(), self._on_readable)
+            self._reading = True
+
+    def pause(self) -> None:
+        if self._reading:
+            self.acceptor.loop.remove_reader(self.sock.fileno())
+            self._reading = False
+
+    def _on_readable(self) -> None:
+        acceptor = self.acceptor
+        for _ in range(ACCEPTS_PER_WAKE):
+            try:
+                conn, address = self.sock.accept()
+            except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+                return
+            except OSError as exc:
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    # Out of descriptors: the kernel keeps the rest queued; try again shortly.
+                    log.debug("accept paused: %s", exc)
+                    self.pause()
+                    self._retry = acceptor.loop.call_later(ACCEPT_RETRY_S, self._retry_accept)
+                else:
+                    log.warning("accept failed", extra={"reason": describe_error(exc)})
+                return
+            conn.setblocking(False)
+            acceptor.accepted(conn, address[0], self.factory)
+            if acceptor.paused:
+                return
+
+    def _retry_accept(self) -> None:
+        self._retry = None
+        if not self.acceptor.paused:
+            self.resume()
+
+    def close(self) -> None:
+        if not self.sockets:
+            return
+        self.pause()
+        if self._retry is not None:
+            self._retry.cancel()
+        self.acceptor.servers.discard(self)
+        self.sock.close()
+        self.sockets = []
+
+
 def listen_backlog(wanted: int, cap: int | None) -> int:
     """The backlog to ask for: ``wanted``, or the kernel's cap if lower (logged)."""
     if cap is not None and 0 < cap < wanted:
@@ -132,6 +251,7 @@ class Listeners:
         self._handing_back = False  # the probe loop runs
         self._lingering: list[asyncio.AbstractServer] = []  # a draining node's listeners, closing soon
         self.backlog = listen_backlog(registry.limits.listen_backlog, somaxconn())
+        self._acceptor: FairAcceptor | None = None  # limits.fair_accept: the worker's accept lines
 
     def _factory(self, listener: int, *, stand_in: bool = False) -> Callable[[], ClientSide]:
         registry = self.registry
@@ -180,8 +300,13 @@ class Listeners:
         return sock
 
     async def _server_on(self, factory: Callable[[], ClientSide], sock: socket.socket) -> asyncio.AbstractServer:
-        """The loop's server on ``sock`` (bound and listening), or ``sock`` closed."""
+        """The loop's server on ``sock`` (bound and listening), or with ``limits.fair_accept``
+        our own (:class:`FairServer`); or ``sock`` closed."""
         try:
+            if self.registry.limits.fair_accept:
+                if self._acceptor is None:
+                    self._acceptor = FairAcceptor(asyncio.get_running_loop())
+                return FairServer(self._acceptor, sock, factory)  # type: ignore[return-value]
             return await asyncio.get_running_loop().create_server(factory, sock=sock, backlog=self.backlog)
         except BaseException:
             sock.close()

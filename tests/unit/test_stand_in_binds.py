@@ -22,24 +22,32 @@ UNBINDABLE = "192.0.2.1"  # TEST-NET-1: no address of this host, the bind fails 
 
 
 class _Registry:
-    """What a listener asks of the node's registry here: its backlog, and admission (refused:
-    a connection accepted here is closed at once, the kernel's accept is what the test checks)."""
+    """What a listener asks of the node's registry here: its backlog and way of accepting, and
+    admission (refused: a connection accepted here is closed at once, the kernel's accept is
+    what the test checks)."""
 
-    limits = attrs.make_class("Limits", ["listen_backlog"])(128)
     pairs: set[object] = set()  # no client held: a release hands none back
+
+    def __init__(self, fair_accept: bool) -> None:
+        self.limits = attrs.make_class("Limits", ["listen_backlog", "fair_accept"])(128, fair_accept)
 
     @staticmethod
     def admit(source: str) -> bool:
         return False
 
 
-def _listeners() -> Listeners:
-    registry = _Registry()
+@pytest.fixture(params=[False, True], ids=["loop-server", "fair-accept"])
+def fair_accept(request) -> bool:
+    return request.param
+
+
+def _listeners(fair: bool = False) -> Listeners:
+    registry = _Registry(fair)
     return Listeners(ProxyNode("p1", "127.0.0.91", 9092), registry, reuse_port=True,  # type: ignore[arg-type]
                      on_bound=lambda bound: None)
 
 
-def test_every_bindable_stand_in_is_bound_in_one_call_and_a_failed_one_is_logged_once(caplog) -> None:
+def test_every_bindable_stand_in_is_bound_in_one_call_and_a_failed_one_is_logged_once(caplog, fair_accept) -> None:
     vacant = "127.0.0.92"
     wanted = [StandIn("p1", "p2", BOOTSTRAP, vacant, free_port(vacant)),
               StandIn("p1", "p2", 1, vacant, free_port(vacant)),
@@ -47,7 +55,7 @@ def test_every_bindable_stand_in_is_bound_in_one_call_and_a_failed_one_is_logged
               StandIn("p1", "p2", 3, vacant, free_port(vacant))]
 
     async def main() -> tuple[set[tuple[str, int]], list[bool]]:
-        listeners = _listeners()
+        listeners = _listeners(fair_accept)
         await listeners.stand_in(wanted)
         held = set(listeners.takeover.held)
         floor = high_descriptor_floor()
@@ -72,7 +80,7 @@ def test_every_bindable_stand_in_is_bound_in_one_call_and_a_failed_one_is_logged
     assert len(failures) == 1 and failures[0].address == f"{UNBINDABLE}:9102"  # type: ignore[attr-defined]
 
 
-def test_a_stand_in_at_an_ip_address_listens_before_the_call_first_waits() -> None:
+def test_a_stand_in_at_an_ip_address_listens_before_the_call_first_waits(fair_accept) -> None:
     """A client that kept the vacant node's address is not refused while the loop, busy with a
     reconnect storm, gets round to making the server: the socket listens from the call's first
     step, and the kernel completes the client's connect meanwhile (checked without letting the
@@ -81,7 +89,7 @@ def test_a_stand_in_at_an_ip_address_listens_before_the_call_first_waits() -> No
     port = free_port(vacant)
 
     async def main() -> int:
-        listeners = _listeners()
+        listeners = _listeners(fair_accept)
         task = asyncio.ensure_future(listeners.stand_in([StandIn("p1", "p2", 1, vacant, port)]))
         await asyncio.sleep(0)  # the call's first step, up to its first wait; nothing after it
         assert not task.done()

@@ -1,0 +1,68 @@
+"""limits.fair_accept (proxy.listeners.FairServer, proxy.accept_lines) on real loopback sockets:
+a connection from a host with one connection waiting is opened before the hundreds a busy host
+queued ahead of it, every queued connection is opened, and a closed server accepts no more."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import pytest
+import uvloop
+
+from proxy.listeners import OPEN_PER_TURN, FairAcceptor, FairServer
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
+
+HOST = "127.0.0.131"
+DENSE, SPARSE = "127.0.0.132", "127.0.0.133"
+QUEUED = 300
+
+
+class Recorder(asyncio.Protocol):
+    def __init__(self, opened: list[str]) -> None:
+        self.opened = opened
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.opened.append(transport.get_extra_info("peername")[0])
+        self.transport = transport
+
+
+def connect_from(source: str, port: int) -> socket.socket:
+    s = socket.socket()
+    s.bind((source, 0))
+    s.connect((HOST, port))  # the kernel completes it into the listener's queue
+    return s
+
+
+def test_the_sparse_host_is_opened_first_and_every_queued_connection_is_opened():
+    async def main() -> None:
+        listener = socket.socket()
+        listener.bind((HOST, 0))
+        listener.listen(1024)
+        port = listener.getsockname()[1]
+        clients = [connect_from(DENSE, port) for _ in range(QUEUED)] + [connect_from(SPARSE, port)]
+        opened: list[str] = []
+        acceptor = FairAcceptor(asyncio.get_running_loop())
+        server = FairServer(acceptor, listener, lambda: Recorder(opened))
+        try:
+            for _ in range(2000):  # bounded: ~QUEUED / OPEN_PER_TURN turns are enough
+                if len(opened) == QUEUED + 1:
+                    break
+                await asyncio.sleep(0.005)
+            assert len(opened) == QUEUED + 1
+            assert opened.index(SPARSE) == 0, f"opened {opened.index(SPARSE)}th of {QUEUED + 1}"
+            assert opened.count(DENSE) == QUEUED
+            assert QUEUED > OPEN_PER_TURN  # in arrival order it would have come last, turns later
+        finally:
+            server.close()
+            for c in clients:
+                c.close()
+        refused = socket.socket()
+        try:
+            with pytest.raises(ConnectionRefusedError):
+                refused.connect((HOST, port))
+        finally:
+            refused.close()
+
+    uvloop.run(main())

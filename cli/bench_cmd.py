@@ -144,9 +144,10 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
 @click.option("--workers", type=click.IntRange(1, 64), default=None,
               help="The node's data-path processes (default: the node's default, one per core).")
 @click.option("--share-upstream", is_flag=True, help="The node runs with limits.share_upstream on.")
+@click.option("--fair-accept", is_flag=True, help="The node runs with limits.fair_accept on.")
 @click.option("--json", "as_json", is_flag=True)
 def bench_storm(clients: str, backlog: int | None, deadline: float, idle_window: float, workers: int | None,
-                share_upstream: bool, as_json: bool) -> None:
+                share_upstream: bool, fair_accept: bool, as_json: bool) -> None:
     """N clients connect at once (ApiVersions, Metadata, a small Produce): kproxy vs a broker directly."""
     from chaos.bench.storm import run
 
@@ -158,7 +159,8 @@ def bench_storm(clients: str, backlog: int | None, deadline: float, idle_window:
         raise click.BadParameter("sizes between 1 and 100000", param_hint="--clients")
     console = Console(stderr=True)
     results = run(sizes, backlog=backlog, deadline_s=deadline, idle_window_s=idle_window, workers=workers,
-                  share_upstream=share_upstream, progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
+                  share_upstream=share_upstream, fair_accept=fair_accept,
+                  progress=lambda m: console.print(f"[dim]… {m}[/dim]"))
     if as_json:
         click.echo(json.dumps(results, indent=2))
         return

@@ -59,10 +59,3 @@ class AcceptLines(Generic[T]):
                     break
         self._count -= len(out)
         return out
-
-    def drain(self) -> list[T]:
-        """Everything, in no particular order (the caller closes them)."""
-        out = [item for line in self._lines.values() for item in line]
-        self._lines.clear()
-        self._count = 0
-        return out

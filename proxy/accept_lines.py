@@ -19,7 +19,7 @@ protocol factory); the caller accepts, opens and schedules (proxy.listeners).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -57,5 +57,21 @@ class AcceptLines(Generic[T]):
                     del lines[source]
                 if len(out) == n:
                     break
+        self._count -= len(out)
+        return out
+
+    def drop(self, pred: Callable[[T], bool]) -> list[T]:
+        """Remove and return the items for which ``pred`` is true (a listener closed: the kernel
+        would have reset what its queue held; so does its owner with these)."""
+        out: list[T] = []
+        for source in list(self._lines):
+            line = self._lines[source]
+            kept = deque(item for item in line if not pred(item))
+            if len(kept) != len(line):
+                out.extend(item for item in line if pred(item))
+                if kept:
+                    self._lines[source] = kept
+                else:
+                    del self._lines[source]
         self._count -= len(out)
         return out

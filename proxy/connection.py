@@ -34,8 +34,6 @@ import asyncio
 import itertools
 import logging
 import os
-import socket
-import struct
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -46,6 +44,7 @@ from proxy.drain import GROUP_API_KEYS, ConnectionDrain
 from proxy.errors import ProtocolError, RewriteError
 from proxy.framing import API_VERSIONS, METADATA
 from proxy.splice import AVAILABLE as SPLICE_AVAILABLE
+from proxy.sockets import reset_on_close
 from proxy.splice import Splice
 from proxy.tls import TLS_ESTABLISHED, TlsEndpoint, describe, start_server_tls
 from proxy.upstream_pool import CONNECTION_BOUND_API_KEYS, SHAREABLE_API_KEYS
@@ -57,8 +56,6 @@ if TYPE_CHECKING:
     from proxy.single_flight import Flight
 
 log = logging.getLogger("kproxy.proxy")
-
-_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST and drops what is queued
 
 
 def reset_transport(transport: asyncio.BaseTransport) -> None:
@@ -73,10 +70,7 @@ def reset_transport(transport: asyncio.BaseTransport) -> None:
 def _reset_on_close(transport: asyncio.BaseTransport) -> None:
     sock = transport.get_extra_info("socket")
     if sock is not None:
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-        except OSError:
-            pass  # closed meanwhile: nothing to reset
+        reset_on_close(sock)
 
 
 class Pair:

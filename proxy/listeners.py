@@ -43,7 +43,7 @@ from proxy.handback import HANDBACK_PROBE_INTERVAL_S, HandBack, Keep, SocketAddr
 from proxy.hosts import join_host_port
 from proxy.logs import describe_error
 from proxy.registry import ConnectionRegistry
-from proxy.sockets import listening_socket
+from proxy.sockets import listening_socket, reset_on_close
 from proxy.takeover import Bind, Release, TakeoverReconciler
 from proxy.tls import TlsEndpoint
 from topology import ProxyNode
@@ -217,6 +217,11 @@ class FairServer:
         self.acceptor.servers.discard(self)
         self.sock.close()
         self.sockets = []
+        # What this listener accepted but did not open yet is reset, as the kernel resets the
+        # connections still in a closed listener's queue: none is opened after its listener closed.
+        for conn, _ in self.acceptor.lines.drop(lambda item: item[1] is self.factory):
+            reset_on_close(conn)
+            conn.close()
 
 
 def listen_backlog(wanted: int, cap: int | None) -> int:

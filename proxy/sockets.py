@@ -31,13 +31,14 @@ import asyncio
 import fcntl
 import resource
 import socket
+import struct
 import sys
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 __all__ = ("IP_BIND_ADDRESS_NO_PORT", "MAX_SYN_RESENDS", "SYN_RESEND_S", "bound_socket", "connect_resending",
            "create_connection_from", "first_connection", "high_descriptor_floor", "listening_socket",
-           "open_connection_from")
+           "open_connection_from", "reset_on_close")
 
 # Python defines the constant from 3.12 on; its value in Linux's <linux/in.h>.
 IP_BIND_ADDRESS_NO_PORT: int | None = getattr(socket, "IP_BIND_ADDRESS_NO_PORT",
@@ -50,9 +51,19 @@ MAX_SYN_RESENDS = 8
 # HIGH_DESCRIPTORS_CEILING: the kernel's table grows to the highest descriptor, 8 bytes each).
 HIGH_DESCRIPTORS = 1024
 HIGH_DESCRIPTORS_CEILING = 1 << 16
+_LINGER_RESET = struct.pack("ii", 1, 0)  # SO_LINGER on, 0 s: close() sends an RST and drops what is queued
 P = TypeVar("P", bound=asyncio.BaseProtocol)
 T = TypeVar("T")
 A = TypeVar("A")
+
+
+def reset_on_close(sock: Any) -> None:
+    """Make ``sock`` (a socket, or a transport's socket-like) send an RST when it closes (SO_LINGER
+    0), however much is queued to send; a socket closed meanwhile is left alone."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
+    except OSError:
+        pass
 
 
 def bound_socket(local: tuple[str, int]) -> socket.socket:

@@ -66,3 +66,40 @@ def test_the_sparse_host_is_opened_first_and_every_queued_connection_is_opened()
             refused.close()
 
     uvloop.run(main())
+
+
+def test_a_closed_server_resets_what_it_queued_and_leaves_the_other_listeners_lines_alone():
+    async def main() -> None:
+        kept_listener, closed_listener = socket.socket(), socket.socket()
+        for listener in (kept_listener, closed_listener):
+            listener.bind((HOST, 0))
+            listener.listen(1024)
+        kept_port, closed_port = kept_listener.getsockname()[1], closed_listener.getsockname()[1]
+        to_close = [connect_from(DENSE, closed_port) for _ in range(QUEUED)]
+        to_keep = [connect_from(SPARSE, kept_port) for _ in range(10)]
+        opened_closed: list[str] = []
+        opened_kept: list[str] = []
+        acceptor = FairAcceptor(asyncio.get_running_loop())
+        closing = FairServer(acceptor, closed_listener, lambda: Recorder(opened_closed))
+        kept = FairServer(acceptor, kept_listener, lambda: Recorder(opened_kept))
+        try:
+            kept._on_readable()
+            closing._on_readable()  # everything queued is accepted into the lines, none opened yet
+            assert len(acceptor.lines) == QUEUED + 10
+            closing.close()
+            assert len(acceptor.lines) == 10
+            for _ in range(2000):  # bounded
+                if len(opened_kept) == 10:
+                    break
+                await asyncio.sleep(0.005)
+            assert len(opened_kept) == 10 and opened_closed == []
+            for c in to_close:
+                c.settimeout(5)
+                with pytest.raises(ConnectionResetError):
+                    c.recv(1)
+        finally:
+            kept.close()
+            for c in to_close + to_keep:
+                c.close()
+
+    uvloop.run(main())

@@ -41,3 +41,21 @@ def test_every_item_comes_out_once_and_each_host_in_its_order(puts, n):
     for source in "abcde":
         mine = [k for s, k in out if s == source]
         assert mine == sorted(mine)
+
+
+@given(st.lists(st.tuples(st.sampled_from("abc"), st.sampled_from("xy")), max_size=100), st.integers(0, 20))
+def test_drop_removes_exactly_the_matching_items_and_keeps_the_rest_in_their_order(puts, taken):
+    lines: AcceptLines[tuple[str, str, int]] = AcceptLines()
+    for k, (source, listener) in enumerate(puts):
+        lines.put(source, (source, listener, k))
+    first = lines.take(taken)
+    dropped = lines.drop(lambda item: item[1] == "x")
+    assert all(item[1] == "x" for item in dropped)
+    rest = []
+    while len(lines):
+        rest.extend(lines.take(7))
+    assert not any(item[1] == "x" for item in rest)
+    assert sorted(first + dropped + rest) == sorted((s, x, k) for k, (s, x) in enumerate(puts))
+    for source in "abc":
+        mine = [k for s, _, k in rest if s == source]
+        assert mine == sorted(mine)

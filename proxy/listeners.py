@@ -36,6 +36,8 @@ import resource
 import socket
 from collections.abc import Callable, Iterable
 
+from prometheus_client import Gauge
+
 from membership.serving import BOOTSTRAP, ServingMap, StandIn
 from proxy.accept_lines import AcceptLines
 from proxy.connection import ClientSide, Pair
@@ -116,9 +118,12 @@ class FairAcceptor:
     every listener of the worker, own and stand-in, so a host with few connections waiting
     is served first across all of them."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, waiting: Gauge | None = None) -> None:
+        """``waiting``: a gauge that reports how many connections wait in the lines."""
         self.loop = loop
         self.lines: AcceptLines[tuple[socket.socket, Callable[[], ClientSide]]] = AcceptLines()
+        if waiting is not None:
+            waiting.set_function(lambda: len(self.lines))
         self.servers: set[FairServer] = set()
         self._scheduled = False
         self.paused = False
@@ -310,7 +315,7 @@ class Listeners:
         try:
             if self.registry.limits.fair_accept:
                 if self._acceptor is None:
-                    self._acceptor = FairAcceptor(asyncio.get_running_loop())
+                    self._acceptor = FairAcceptor(asyncio.get_running_loop(), self.registry.metrics.accept_waiting)
                 return FairServer(self._acceptor, sock, factory)  # type: ignore[return-value]
             return await asyncio.get_running_loop().create_server(factory, sock=sock, backlog=self.backlog)
         except BaseException:

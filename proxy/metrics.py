@@ -62,6 +62,11 @@ class ProxyMetrics:
             "Metadata requests answered with a copy of an identical request's answer, asked at the same time "
             "on the same listener: no broker round trip of their own (limits.coalesce_metadata; "
             "proxy.single_flight)", labels, registry=self.registry).labels(node_id)
+        self.accept_waiting = Gauge(
+            "kproxy_accept_waiting",
+            "Client connections accepted from the kernel but not opened yet (limits.fair_accept: in a line per "
+            "client host, proxy.accept_lines); not yet in kproxy_connections_active", labels,
+            registry=self.registry).labels(node_id)
         self.drained = Counter("kproxy_connections_drained", "Client connections closed to move them", labels,
                                registry=self.registry)
         self.drain_deferred = Counter("kproxy_drain_close_deferred",

@@ -11,6 +11,7 @@ import pytest
 import uvloop
 
 from proxy.listeners import OPEN_PER_TURN, FairAcceptor, FairServer
+from proxy.metrics import ProxyMetrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -79,15 +80,17 @@ def test_a_closed_server_resets_what_it_queued_and_leaves_the_other_listeners_li
         to_keep = [connect_from(SPARSE, kept_port) for _ in range(10)]
         opened_closed: list[str] = []
         opened_kept: list[str] = []
-        acceptor = FairAcceptor(asyncio.get_running_loop())
+        metrics = ProxyMetrics("n1")
+        acceptor = FairAcceptor(asyncio.get_running_loop(), metrics.accept_waiting)
         closing = FairServer(acceptor, closed_listener, lambda: Recorder(opened_closed))
         kept = FairServer(acceptor, kept_listener, lambda: Recorder(opened_kept))
         try:
             kept._on_readable()
             closing._on_readable()  # everything queued is accepted into the lines, none opened yet
-            assert len(acceptor.lines) == QUEUED + 10
+            waiting = lambda: metrics.registry.get_sample_value("kproxy_accept_waiting", {"node": "n1"})  # noqa: E731
+            assert len(acceptor.lines) == QUEUED + 10 and waiting() == QUEUED + 10
             closing.close()
-            assert len(acceptor.lines) == 10
+            assert len(acceptor.lines) == 10 and waiting() == 10
             for _ in range(2000):  # bounded
                 if len(opened_kept) == 10:
                     break

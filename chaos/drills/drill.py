@@ -16,7 +16,9 @@ step below is one of its methods. The clients and their processes are in
    output in ``<out>/<run_id>/logs/``).
 2. Warm-up: wait until every client has a success (ack / consume).
 3. ``repeat`` times: wait until the fleet is healthy and every client has a
-   success since the previous drill; wait a seeded jitter; ``drill_start``;
+   success since the previous drill, and until the fleet's map has not
+   changed for ``settle_s`` (a returned node's identities handed back); wait a
+   seeded jitter; ``drill_start``;
    inject the fault (``chaos.drills.faults``: victim, recovery with a deadline,
    fleet reaction, undo, node_back, healthy); ``drill_end``. The fleet
    watcher polls the fleet view every 50 ms inside each drill.
@@ -43,6 +45,7 @@ before anything starts.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import signal
@@ -69,6 +72,7 @@ from chaos.trace import TraceWriter, validate_trace
 DEFAULT_CLIENTS = tuple((f, r) for f in FAMILIES for r in ("consumer", "producer"))
 TAIL_PERIOD_S = 0.1
 PROGRESS_PERIOD_S = 0.5
+MAX_SETTLE_CHECKS = 20  # DrillRun.wait_settled: map changes waited out before a fault, at most
 
 
 # ------------------------------------------------------------------ config
@@ -113,6 +117,13 @@ class DrillConfig:
     verify_timeout_s: float = 60.0  # the final read, per path (fleet, then brokers)
     poll_period_s: float = POLL_PERIOD_S
     jitter_s: tuple[float, float] = (0.3, 1.0)
+    # The fault lands no sooner than this after the fleet's map last changed (before the jitter),
+    # so that it finds no client still backing off from the previous drill's moves: librdkafka
+    # doubles a broker's reconnect backoff at each connect (twice for a refused one) until it
+    # has gone reconnect.backoff.max.ms (1 s here) past its last scheduled attempt; a kill 0.6-0.8 s
+    # after a handback that redirected a consumer's coordinator cost that consumer 0.55-0.7 s
+    # where 30-140 ms is the norm (BENCHMARKS.md, session 42). 0: no wait.
+    settle_s: float = 1.5
     python: str = sys.executable
     # Called (in a worker thread) once a killed node's identities have moved and every client
     # recovered, before the node is restarted: `kproxy demo` shows the fleet at that moment.
@@ -271,6 +282,8 @@ class DrillRun:
     tracebacks: list[str] = attrs.Factory(list)  # of failed steps, written to errors.log at the end
     passed: bool | None = None
     final_read: dict[str, Any] | None = None  # FinalRead.summary() once the topic was read to its end
+    map_epoch: int | None = None  # the fleet's map as the drill last saw it (its epoch) ...
+    map_seen: float = -math.inf  # ... and when the drill first saw that epoch (clock)
 
     def __attrs_post_init__(self) -> None:
         self.started_at = self.clock()
@@ -420,14 +433,38 @@ class DrillRun:
         config, clients = self.config, self.client_ids
         self.report(f"drill {self.drill}/{config.repeat}: steady")
         if self.target.fleet is not None:
-            await in_thread(self.target.fleet.wait_steady, config.restore_timeout_s,
-                            timeout_s=config.restore_timeout_s + 10)
+            view = await in_thread(self.target.fleet.wait_steady, config.restore_timeout_s,
+                                   timeout_s=config.restore_timeout_s + 10)
+            self.saw_map(view.epoch)
             since_ns = max(since_ns, time.time_ns())
         if not await self.wait_until(lambda: not self.tail.lagging(clients, since_ns), config.recovery_timeout_s):
             raise DrillError(f"drill {self.drill}: clients {self.tail.lagging(clients, since_ns)} had no success "
                              f"within {config.recovery_timeout_s:.0f} s before the fault")
         if config.before_fault is not None:
             await in_thread(config.before_fault, timeout_s=config.recovery_timeout_s + 10)
+        await self.wait_settled()
+
+    def saw_map(self, epoch: int | None) -> None:
+        """The fleet's map has ``epoch``: if that is new, it changed by now (at the latest)."""
+        if epoch != self.map_epoch:
+            self.map_epoch, self.map_seen = epoch, self.clock()
+
+    async def wait_settled(self) -> None:
+        """Until the fleet's map has not changed for ``settle_s`` (DrillConfig), as far as the
+        drill saw: the epoch when it first saw the current one, checked again at the end."""
+        fleet, settle_s = self.target.fleet, self.config.settle_s
+        if fleet is None or settle_s <= 0:
+            return
+        for _ in range(MAX_SETTLE_CHECKS):  # each check returns, or waits out a change it saw
+            remaining = self.map_seen + settle_s - self.clock()
+            if remaining > 0:
+                await trio.sleep(remaining)
+                continue
+            view = await in_thread(fleet.fleet_view, timeout_s=10)
+            if view.epoch == self.map_epoch:
+                return
+            self.saw_map(view.epoch)
+        self.report(f"drill {self.drill}/{self.config.repeat}: the fleet's map kept changing; fault anyway")
 
     async def inject(self) -> None:
         """One fault between ``drill_start`` and ``drill_end``, the fleet watcher polling meanwhile."""
@@ -451,6 +488,8 @@ class DrillRun:
                 await faults_mod.INJECT[config.fault](ctx)
             finally:
                 trace.fleet("drill_end", fault=config.fault)
+                if watcher is not None and watcher.epoch is not None:
+                    self.saw_map(watcher.epoch)  # the fault's own moves
                 for step in ctx.steps:
                     step["drill"] = self.drill
                     if watcher is not None:

@@ -183,3 +183,55 @@ def test_a_fleet_snapshot_keeps_every_status_and_names_each_nodes_map(tmp_path, 
     assert snap["p1"]["epoch"] == 7 and snap["p1"]["assignment"] == {"1": "p2"} and snap["p1"]["role"] == "leader"
     saved = json.loads((run.run_dir / "stuck.json").read_text())
     assert saved["p2"] is None and saved["p1"]["node"] == "p1" and "peers" in saved["p1"]
+
+
+class _Views:
+    """A fleet whose map's epoch is the next of ``epochs`` at each look (the last one repeated)."""
+
+    def __init__(self, *epochs: int) -> None:
+        self.epochs = list(epochs)
+        self.looks = 0
+
+    def fleet_view(self, timeout: float = 1.0):  # type: ignore[no-untyped-def]
+        import types
+        self.looks += 1
+        return types.SimpleNamespace(epoch=self.epochs.pop(0) if len(self.epochs) > 1 else self.epochs[0])
+
+
+def _settled_at(tmp_path: Path, runs: list[DrillRun], fleet: _Views, *, seen_at: float, epoch: int) -> float:
+    """Run wait_settled on a mock clock from 0 with the map ``epoch`` first seen at ``seen_at``: when it returned."""
+    import trio
+    import trio.testing
+
+    run = _run(tmp_path, Clock(), [], runs)
+    run.target = Target(["127.0.0.1:1"], fleet=fleet)
+    run.clock = trio.current_time
+    run.map_epoch, run.map_seen = epoch, seen_at
+
+    async def main() -> float:
+        await run.wait_settled()
+        return trio.current_time()
+
+    # autojump only when the run waits (not while a thread answers fleet_view, in real time).
+    return trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0.1))
+
+
+def test_the_fault_waits_until_the_map_has_not_changed_for_settle_s(tmp_path, runs):
+    settle_s = DrillConfig(fault="none", out_dir=tmp_path).settle_s
+    assert settle_s > 0
+    fleet = _Views(5)
+    assert _settled_at(tmp_path, runs, fleet, seen_at=0.0, epoch=5) == pytest.approx(settle_s)
+    assert fleet.looks == 1  # checked once more at the end: still epoch 5
+
+
+def test_a_map_that_settled_long_ago_costs_no_wait(tmp_path, runs):
+    fleet = _Views(5)
+    assert _settled_at(tmp_path, runs, fleet, seen_at=-60.0, epoch=5) == pytest.approx(0.0)
+    assert fleet.looks == 1
+
+
+def test_a_change_seen_at_the_last_check_is_waited_out_too(tmp_path, runs):
+    settle_s = DrillConfig(fault="none", out_dir=tmp_path).settle_s
+    fleet = _Views(6, 6)  # moved since the drill last looked
+    assert _settled_at(tmp_path, runs, fleet, seen_at=-60.0, epoch=5) == pytest.approx(settle_s)
+    assert fleet.looks == 2

@@ -12,6 +12,7 @@ import uvloop
 
 from membership.serving import BOOTSTRAP, StandIn
 from proxy.listeners import Listeners
+from proxy.metrics import ProxyMetrics
 from proxy.sockets import high_descriptor_floor
 from tests.integration.test_raft import free_port
 from topology import ProxyNode
@@ -30,6 +31,7 @@ class _Registry:
 
     def __init__(self, fair_accept: bool) -> None:
         self.limits = attrs.make_class("Limits", ["listen_backlog", "fair_accept"])(128, fair_accept)
+        self.metrics = ProxyMetrics("p1")
 
     @staticmethod
     def admit(source: str) -> bool:

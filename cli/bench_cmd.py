@@ -84,8 +84,8 @@ def bench_proxy(bootstrap: str | None, records: int, rounds: int, fetch_rounds: 
               help="The fleet brought up runs with limits.share_upstream on (not with --state-dir).")
 @click.option("--no-coalesce", is_flag=True,
               help="The fleet brought up runs with limits.coalesce_metadata off (not with --state-dir).")
-@click.option("--fair-accept", is_flag=True,
-              help="The fleet brought up runs with limits.fair_accept on (not with --state-dir).")
+@click.option("--fair-accept/--no-fair-accept", default=True, show_default=True,
+              help="limits.fair_accept of the fleet brought up (not with --state-dir).")
 @click.option("--json", "as_json", is_flag=True)
 def bench_failover(drills: int, drains: int, clients: str | None, rate: float, state_dir: str | None,
                    out_dir: str | None, seed: int | None, hosts: str, light_clients: int, fault: str,
@@ -102,10 +102,10 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
         raise click.BadParameter("light clients speak plaintext only", param_hint="--light-clients")
     if state_dir and workers != 1:
         raise click.BadParameter("with --state-dir the running fleet's own workers are used", param_hint="--workers")
-    if state_dir and (share_upstream or no_coalesce or fair_accept):
+    if state_dir and (share_upstream or no_coalesce or not fair_accept):
         raise click.BadParameter("with --state-dir the running fleet's own limits are used",
                                  param_hint="--share-upstream" if share_upstream else
-                                 "--no-coalesce" if no_coalesce else "--fair-accept")
+                                 "--no-coalesce" if no_coalesce else "--no-fair-accept")
     if state_dir and security != "plaintext":
         raise click.BadParameter("with --state-dir the running fleet's own security is used", param_hint="--security")
 
@@ -144,7 +144,8 @@ def bench_failover(drills: int, drains: int, clients: str | None, rate: float, s
 @click.option("--workers", type=click.IntRange(1, 64), default=None,
               help="The node's data-path processes (default: the node's default, one per core).")
 @click.option("--share-upstream", is_flag=True, help="The node runs with limits.share_upstream on.")
-@click.option("--fair-accept", is_flag=True, help="The node runs with limits.fair_accept on.")
+@click.option("--fair-accept/--no-fair-accept", default=True, show_default=True,
+              help="limits.fair_accept of the node.")
 @click.option("--json", "as_json", is_flag=True)
 def bench_storm(clients: str, backlog: int | None, deadline: float, idle_window: float, workers: int | None,
                 share_upstream: bool, fair_accept: bool, as_json: bool) -> None:

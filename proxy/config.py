@@ -44,7 +44,7 @@ test keeps it complete)::
     share_upstream = false               # a client connection that only asks borrows a broker connection per request
     api_versions_answer_s = 5.0          # ApiVersions answered by the node from the broker's last answer this long, broker connection at the first other request; 0: never
     coalesce_metadata = true             # identical Metadata requests asked at once get one broker round trip
-    fair_accept = false                  # new connections opened a host at a time, hosts with the fewest waiting first (being measured)
+    fair_accept = true                   # new connections opened a host at a time, hosts with the fewest waiting first
 
     [logging]
     level = "INFO"
@@ -192,7 +192,7 @@ class Limits:
     share_upstream: bool = False
     api_versions_answer_s: float = DEFAULT_API_VERSIONS_ANSWER_S
     coalesce_metadata: bool = True
-    fair_accept: bool = False
+    fair_accept: bool = True
 
 
 @attrs.frozen
@@ -465,7 +465,7 @@ def _parse_limits(limits_raw: Mapping[str, Any]) -> Limits:
         api_versions_answer_s=_get(limits_raw, "api_versions_answer_s", "limits.api_versions_answer_s", float,
                                    DEFAULT_API_VERSIONS_ANSWER_S),
         coalesce_metadata=_get(limits_raw, "coalesce_metadata", "limits.coalesce_metadata", bool, True),
-        fair_accept=_get(limits_raw, "fair_accept", "limits.fair_accept", bool, False),
+        fair_accept=_get(limits_raw, "fair_accept", "limits.fair_accept", bool, True),
     )
     if limits.splice_min_bytes != 0 and not 4096 <= limits.splice_min_bytes <= 1 << 30:
         raise ConfigError("limits.splice_min_bytes", "must be 0 (never splice) or between 4 KiB and 1 GiB")

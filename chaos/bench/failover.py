@@ -70,11 +70,11 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
         light_clients: int = 0, progress: Callable[[dict[str, Any]], None] | None = None,
         hosts: str = LOOPBACK, fault: str = "kill", security: Protocol = Protocol.PLAINTEXT,
         workers: int = 1, share_upstream: bool = False, coalesce_metadata: bool = True,
-        fair_accept: bool = False) -> dict[str, Any]:
+        fair_accept: bool = True) -> dict[str, Any]:
     """``workers``: data-path workers per node of the fleet brought up here (not with ``state_dir``).
     ``share_upstream``: the fleet brought up here runs with ``limits.share_upstream`` on;
-    ``coalesce_metadata`` False: with ``limits.coalesce_metadata`` off; ``fair_accept``: with
-    ``limits.fair_accept`` on.
+    ``coalesce_metadata`` False: with ``limits.coalesce_metadata`` off; ``fair_accept``: its
+    ``limits.fair_accept``.
     ``light_clients``: that many light clients (chaos.bench.light_clients) beside the
     real ones during the SIGKILL drills; reported as ``light_recovered_s``.
     ``hosts``: the fleet brought up here, on loopback or on emulated hosts (``netns``).
@@ -100,8 +100,7 @@ def run(*, drills: int = 20, drains: int = 5, clients: str = DEFAULT_CLIENTS, ra
             limits["share_upstream"] = True
         if not coalesce_metadata:
             limits["coalesce_metadata"] = False
-        if fair_accept:
-            limits["fair_accept"] = True
+        limits["fair_accept"] = fair_accept
         extra = {"limits": limits} if limits else None
         fleet = LocalFleet.load(state_dir) if state_dir else LocalFleet.up(Path(tmp) / "fleet", first_ip=51,
                                                                             extra_config=extra, hosts=hosts,

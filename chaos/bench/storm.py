@@ -190,7 +190,7 @@ class _StormBench:
     """One :func:`run`: its Kafka, the topic, the proxy nodes it starts one at a time."""
 
     def __init__(self, tmp: Path, *, deadline_s: float, sources: int, progress: Callable[[str], None],
-                 workers: int = 1, share_upstream: bool = False, fair_accept: bool = False) -> None:
+                 workers: int = 1, share_upstream: bool = False, fair_accept: bool = True) -> None:
         self.tmp = tmp
         self.workers = workers
         self.share_upstream = share_upstream
@@ -226,8 +226,7 @@ class _StormBench:
         limits: dict[str, Any] = {"listen_backlog": listen_backlog} if listen_backlog is not None else {}
         if self.share_upstream:
             limits["share_upstream"] = True
-        if self.fair_accept:
-            limits["fair_accept"] = True
+        limits["fair_accept"] = self.fair_accept
         cfg = fleet_config(self.tmp / f"node-{self.arms}.toml", self.cluster.bootstrap, 1, first_ip=ip_last,
                            fleet=False, extra={"limits": limits} if limits else None, workers=self.workers)
         node = self.node = NodeProcess(cfg, "p1", ip, 9400, self.tmp / f"node-{self.arms}.log").start()
@@ -341,12 +340,12 @@ def _row(clients: int, direct: StormResult, proxied: StormResult, rss_per_connec
 def run(clients: tuple[int, ...] = DEFAULT_CLIENTS, *, backlog: int | None = None,
         deadline_s: float = CLIENT_DEADLINE_S, sources: int = DEFAULT_SOURCES,
         idle_window_s: float = DEFAULT_IDLE_WINDOW_S, workers: int | None = None,
-        share_upstream: bool = False, fair_accept: bool = False,
+        share_upstream: bool = False, fair_accept: bool = True,
         progress: Callable[[str], None] = print) -> dict[str, Any]:
     """``idle_window_s``: also measure the idle cost of a 5-node fleet on the same
     brokers over that many seconds (chaos.bench.idle); 0: do not. ``workers``: the
     node's data-path processes (default: :func:`default_workers`). ``share_upstream``:
-    the node runs with ``limits.share_upstream`` on; ``fair_accept``: with ``limits.fair_accept`` on."""
+    the node runs with ``limits.share_upstream`` on; ``fair_accept``: its ``limits.fair_accept``."""
     workers = default_workers() if workers is None else workers
     nofile = raise_nofile(max(NOFILE_WANTED, 2 * max(clients) + 4 * RESERVED_DESCRIPTORS))
     results: dict[str, Any] = {"storm": [], "listen_backlog": DEFAULT_LISTEN_BACKLOG, "somaxconn": somaxconn(),

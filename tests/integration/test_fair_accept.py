@@ -106,3 +106,43 @@ def test_a_closed_server_resets_what_it_queued_and_leaves_the_other_listeners_li
                 c.close()
 
     uvloop.run(main())
+
+
+def test_a_connection_that_fails_to_open_is_closed_and_the_others_are_opened():
+    async def main() -> None:
+        listener = socket.socket()
+        listener.bind((HOST, 0))
+        listener.listen(1024)
+        port = listener.getsockname()[1]
+        clients = [connect_from(DENSE, port) for _ in range(5)]
+        opened: list[str] = []
+        made = 0
+
+        def factory() -> Recorder:
+            nonlocal made
+            made += 1
+            if made == 1:
+                raise RuntimeError("no protocol for this one")
+            return Recorder(opened)
+
+        server = FairServer(FairAcceptor(asyncio.get_running_loop()), listener, factory)
+        try:
+            for _ in range(2000):  # bounded
+                if len(opened) == 4:
+                    break
+                await asyncio.sleep(0.005)
+            assert len(opened) == 4 and made == 5
+            closed = 0
+            for c in clients:  # the first accepted (arrival order) was closed, the others are open
+                c.settimeout(0.2)
+                try:
+                    closed += c.recv(1) == b""
+                except (ConnectionResetError, TimeoutError):
+                    pass
+            assert closed == 1
+        finally:
+            server.close()
+            for c in clients:
+                c.close()
+
+    uvloop.run(main())

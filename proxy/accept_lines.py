@@ -64,14 +64,13 @@ class AcceptLines(Generic[T]):
         """Remove and return the items for which ``pred`` is true (a listener closed: the kernel
         would have reset what its queue held; so does its owner with these)."""
         out: list[T] = []
-        for source in list(self._lines):
-            line = self._lines[source]
-            kept = deque(item for item in line if not pred(item))
-            if len(kept) != len(line):
-                out.extend(item for item in line if pred(item))
-                if kept:
-                    self._lines[source] = kept
-                else:
-                    del self._lines[source]
+        for source, line in list(self._lines.items()):
+            kept: deque[T] = deque()
+            for item in line:
+                (out if pred(item) else kept).append(item)
+            if kept:
+                self._lines[source] = kept
+            else:
+                del self._lines[source]
         self._count -= len(out)
         return out

@@ -43,8 +43,8 @@ from proxy.config import HostPort
 from proxy.drain import GROUP_API_KEYS, ConnectionDrain
 from proxy.errors import ProtocolError, RewriteError
 from proxy.framing import API_VERSIONS, METADATA
-from proxy.splice import AVAILABLE as SPLICE_AVAILABLE
 from proxy.sockets import reset_on_close
+from proxy.splice import AVAILABLE as SPLICE_AVAILABLE
 from proxy.splice import Splice
 from proxy.tls import TLS_ESTABLISHED, TlsEndpoint, describe, start_server_tls
 from proxy.upstream_pool import CONNECTION_BOUND_API_KEYS, SHAREABLE_API_KEYS

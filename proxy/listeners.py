@@ -164,16 +164,18 @@ def _drive(coro: Coroutine[Any, Any, object], sock: socket.socket, _: object = N
         waiting = coro.send(None)
     except StopIteration:
         return
-    except BaseException as exc:  # noqa: BLE001 - any failure closes this one connection
-        log.debug("accepted connection not opened: %s", describe_error(exc) if isinstance(exc, Exception) else exc)
+    except (KeyboardInterrupt, SystemExit):
         sock.close()
-        if not isinstance(exc, Exception):
-            raise
+        raise
+    except BaseException as exc:  # an error or a cancelled wait: this one connection is not opened
+        log.debug("accepted connection not opened: %s", describe_error(exc))
+        sock.close()
         return
-    if not isinstance(waiting, asyncio.Future):
+    if not isinstance(waiting, asyncio.Future):  # not the loop's coroutine we know: give this one up
+        log.error("accepted connection not opened: connect_accepted_socket waited on %r", waiting)
         coro.close()
         sock.close()
-        raise RuntimeError(f"connect_accepted_socket waited on {waiting!r}, not a future")
+        return
     waiting._asyncio_future_blocking = False  # taken, as a task would
     waiting.add_done_callback(functools.partial(_drive, coro, sock))
 

@@ -1,11 +1,13 @@
 """limits.fair_accept (proxy.listeners.FairServer, proxy.accept_lines) on real loopback sockets:
 a connection from a host with one connection waiting is opened before the hundreds a busy host
-queued ahead of it, every queued connection is opened, and a closed server accepts no more."""
+queued ahead of it, every queued connection is opened, a closed server accepts no more and resets
+what it accepted but had not opened, and a connection that fails to open leaves the others alone."""
 
 from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 
 import pytest
 import uvloop
@@ -36,21 +38,31 @@ def connect_from(source: str, port: int) -> socket.socket:
     return s
 
 
+def listening() -> tuple[socket.socket, int]:
+    """A socket listening on HOST (a queue long enough for every test's connections) and its port."""
+    listener = socket.socket()
+    listener.bind((HOST, 0))
+    listener.listen(1024)
+    return listener, listener.getsockname()[1]
+
+
+async def wait_until(condition: Callable[[], bool]) -> None:
+    """Until ``condition()``, bounded (~10 s: every test needs a few turns of the loop)."""
+    for _ in range(2000):
+        if condition():
+            return
+        await asyncio.sleep(0.005)
+
+
 def test_the_sparse_host_is_opened_first_and_every_queued_connection_is_opened():
     async def main() -> None:
-        listener = socket.socket()
-        listener.bind((HOST, 0))
-        listener.listen(1024)
-        port = listener.getsockname()[1]
+        listener, port = listening()
         clients = [connect_from(DENSE, port) for _ in range(QUEUED)] + [connect_from(SPARSE, port)]
         opened: list[str] = []
         acceptor = FairAcceptor(asyncio.get_running_loop())
         server = FairServer(acceptor, listener, lambda: Recorder(opened))
         try:
-            for _ in range(2000):  # bounded: ~QUEUED / OPEN_PER_TURN turns are enough
-                if len(opened) == QUEUED + 1:
-                    break
-                await asyncio.sleep(0.005)
+            await wait_until(lambda: len(opened) == QUEUED + 1)
             assert len(opened) == QUEUED + 1
             assert opened.index(SPARSE) == 0, f"opened {opened.index(SPARSE)}th of {QUEUED + 1}"
             assert opened.count(DENSE) == QUEUED
@@ -71,11 +83,7 @@ def test_the_sparse_host_is_opened_first_and_every_queued_connection_is_opened()
 
 def test_a_closed_server_resets_what_it_queued_and_leaves_the_other_listeners_lines_alone():
     async def main() -> None:
-        kept_listener, closed_listener = socket.socket(), socket.socket()
-        for listener in (kept_listener, closed_listener):
-            listener.bind((HOST, 0))
-            listener.listen(1024)
-        kept_port, closed_port = kept_listener.getsockname()[1], closed_listener.getsockname()[1]
+        (kept_listener, kept_port), (closed_listener, closed_port) = listening(), listening()
         to_close = [connect_from(DENSE, closed_port) for _ in range(QUEUED)]
         to_keep = [connect_from(SPARSE, kept_port) for _ in range(10)]
         opened_closed: list[str] = []
@@ -91,10 +99,7 @@ def test_a_closed_server_resets_what_it_queued_and_leaves_the_other_listeners_li
             assert len(acceptor.lines) == QUEUED + 10 and waiting() == QUEUED + 10
             closing.close()
             assert len(acceptor.lines) == 10 and waiting() == 10
-            for _ in range(2000):  # bounded
-                if len(opened_kept) == 10:
-                    break
-                await asyncio.sleep(0.005)
+            await wait_until(lambda: len(opened_kept) == 10)
             assert len(opened_kept) == 10 and opened_closed == []
             for c in to_close:
                 c.settimeout(5)
@@ -110,10 +115,7 @@ def test_a_closed_server_resets_what_it_queued_and_leaves_the_other_listeners_li
 
 def test_a_connection_that_fails_to_open_is_closed_and_the_others_are_opened():
     async def main() -> None:
-        listener = socket.socket()
-        listener.bind((HOST, 0))
-        listener.listen(1024)
-        port = listener.getsockname()[1]
+        listener, port = listening()
         clients = [connect_from(DENSE, port) for _ in range(5)]
         opened: list[str] = []
         made = 0
@@ -127,10 +129,7 @@ def test_a_connection_that_fails_to_open_is_closed_and_the_others_are_opened():
 
         server = FairServer(FairAcceptor(asyncio.get_running_loop()), listener, factory)
         try:
-            for _ in range(2000):  # bounded
-                if len(opened) == 4:
-                    break
-                await asyncio.sleep(0.005)
+            await wait_until(lambda: len(opened) == 4)
             assert len(opened) == 4 and made == 5
             closed = 0
             for c in clients:  # the first accepted (arrival order) was closed, the others are open
